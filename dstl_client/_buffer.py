@@ -1,0 +1,73 @@
+"""Client-side batching of appends into packed ``KeyGroupChanges`` messages."""
+
+from __future__ import annotations
+
+import sys
+from array import array
+
+from dstl_client._pb import dstl_pb2 as pb
+from dstl_client.errors import ChangeTooLarge, KeyGroupOutOfRange
+
+_LITTLE = sys.byteorder == "little"
+if array("I").itemsize != 4:  # pragma: no cover - every platform we run on
+    raise ImportError("dstl_client needs a 4-byte unsigned int array type")
+
+
+class ChangeBuffer:
+    """Changes appended since the last send, packed per key group.
+
+    Appending costs two C-level appends per change; ``drain`` builds the
+    request messages. Not thread-safe: the owning writer holds its lock.
+    """
+
+    __slots__ = ("_first", "_last", "_max_change", "_payload", "_sizes", "nbytes", "count")
+
+    def __init__(self, key_group_range: tuple[int, int], max_change_bytes: int) -> None:
+        self._first, self._last = key_group_range
+        self._max_change = max_change_bytes
+        self._sizes: dict[int, array[int]] = {}
+        self._payload: dict[int, bytearray] = {}
+        self.nbytes = 0
+        self.count = 0
+
+    def check(self, key_group: int, size: int) -> None:
+        if not self._first <= key_group <= self._last:
+            raise KeyGroupOutOfRange(
+                f"key group {key_group} is outside the writer's range [{self._first}, {self._last}]"
+            )
+        if size > self._max_change:
+            raise ChangeTooLarge(
+                f"a change of {size} bytes exceeds the limit of {self._max_change} bytes"
+            )
+
+    def add(self, key_group: int, data: bytes) -> None:
+        """Append one change (already checked)."""
+        sizes = self._sizes.get(key_group)
+        if sizes is None:
+            sizes = self._sizes[key_group] = array("I")
+            self._payload[key_group] = bytearray()
+        sizes.append(len(data))
+        self._payload[key_group] += data
+        self.nbytes += len(data) + 4
+        self.count += 1
+
+    def drain(self) -> list[pb.KeyGroupChanges]:
+        """Take everything buffered as protobuf messages, in key-group order."""
+        out = []
+        for kg in sorted(self._sizes):
+            sizes = self._sizes[kg]
+            if not _LITTLE:  # pragma: no cover
+                sizes.byteswap()
+            out.append(
+                pb.KeyGroupChanges(
+                    key_group=kg,
+                    count=len(sizes),
+                    sizes=sizes.tobytes(),
+                    payload=bytes(self._payload[kg]),
+                )
+            )
+        self._sizes.clear()
+        self._payload.clear()
+        self.nbytes = 0
+        self.count = 0
+        return out

@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf code (make proto). Do not edit."""

@@ -1,0 +1,373 @@
+"""The dstl object format: one definition, used by the sidecar to write and by
+every reader to read.
+
+An object holds the changes of several logs (writers) of one job, uploaded in
+one flush. All integers are little-endian.
+
+::
+
+    object   := header  log_section*  footer
+    header   := "DSTL" u16 version u16 flags u32 reserved  u32 crc32c(previous 12 bytes)
+    footer   := u32 n_logs  (16s log_id  u64 offset  u64 length)*n_logs  u32 crc32c
+                u32 footer_length  "LTSD"
+
+    log_section := log_header  kg_block*
+    log_header  := "LOG1" 16s log_id u32 n_kg u64 first_sqn u64 end_sqn
+                   (u32 key_group u64 offset u64 length)*n_kg   u32 crc32c
+    kg_block    := changeset*  u32 crc32c(changesets)
+    changeset   := u64 sqn u32 count u64 payload_length  (u32 size)*count  payload
+
+Offsets inside a log section are relative to the section's first byte, so a
+section is self-contained: a forwarding parent can concatenate sections
+encoded by its children into one object without re-encoding them, and a
+handle entry is just (object key, section offset, section length). The
+key-group index makes one key group's changes one contiguous byte range
+(``offset``, ``length`` of its kg_block), readable with a ranged GET.
+
+Every section is checksummed with CRC32C. A reader that finds a bad checksum
+or an inconsistent length raises :class:`~dstl_client.errors.CorruptObject`;
+it never returns data from a damaged section.
+
+The module is pure functions over bytes; it may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import crc32c as _crc32c
+
+from dstl_client.errors import CorruptObject
+
+FORMAT_VERSION = 1
+
+OBJECT_MAGIC = b"DSTL"
+FOOTER_MAGIC = b"LTSD"
+LOG_MAGIC = b"LOG1"
+
+_OBJ_HEADER = struct.Struct("<4sHHI")  # magic, version, flags, reserved
+OBJECT_HEADER_SIZE = _OBJ_HEADER.size + 4
+_LOG_FIXED = struct.Struct("<4s16sIQQ")  # magic, log_id, n_kg, first_sqn, end_sqn
+_LOG_INDEX = struct.Struct("<IQQ")  # key_group, offset, length
+_CHANGESET = struct.Struct("<QIQ")  # sqn, count, payload_length
+_FOOTER_ENTRY = struct.Struct("<16sQQ")
+_U32 = struct.Struct("<I")
+_TRAILER = struct.Struct("<I4s")
+
+
+def crc32c(data: bytes | memoryview, crc: int = 0) -> int:
+    """CRC32C of ``data``, continuing from ``crc``."""
+    return int(_crc32c.crc32c(data, crc))
+
+
+@dataclass(slots=True)
+class PackedChanges:
+    """Changes of one key group packed as on disk: ``count`` u32 sizes + payload.
+
+    This is the unit that travels in ``KeyGroupChanges`` and that the sidecar
+    stores without looking at single changes.
+    """
+
+    count: int
+    sizes: bytes
+    payload: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.sizes) + len(self.payload)
+
+
+def pack_changes(changes: Sequence[bytes]) -> PackedChanges:
+    """Pack a list of changes (tests, small callers; the client packs incrementally)."""
+    sizes = struct.pack(f"<{len(changes)}I", *(len(c) for c in changes))
+    return PackedChanges(len(changes), sizes, b"".join(changes))
+
+
+def check_packed(packed: PackedChanges, max_change_bytes: int) -> None:
+    """Validate that ``packed`` is well formed, in C-speed operations only.
+
+    Raises :class:`ValueError` with a reason; callers wrap it in a typed error.
+    """
+    if len(packed.sizes) != 4 * packed.count:
+        raise ValueError(f"sizes holds {len(packed.sizes)} bytes for {packed.count} changes")
+    if packed.count == 0:
+        if packed.payload:
+            raise ValueError("payload without changes")
+        return
+    sizes = struct.unpack(f"<{packed.count}I", packed.sizes)
+    if sum(sizes) != len(packed.payload):
+        raise ValueError(f"sizes add up to {sum(sizes)} bytes, payload has {len(packed.payload)}")
+    largest = max(sizes)
+    if largest > max_change_bytes:
+        raise ValueError(f"a change of {largest} bytes exceeds the limit of {max_change_bytes}")
+
+
+def split_changes(count: int, sizes: bytes | memoryview, payload: bytes | memoryview) -> list[bytes]:
+    """Turn packed changes back into a list of byte strings."""
+    out: list[bytes] = []
+    pos = 0
+    mv = memoryview(payload)
+    for size in struct.unpack(f"<{count}I", sizes):
+        out.append(bytes(mv[pos : pos + size]))
+        pos += size
+    return out
+
+
+@dataclass(slots=True)
+class Changeset:
+    """One closed changeset of one writer: SQN and its changes per key group."""
+
+    sqn: int
+    groups: Mapping[int, Sequence[PackedChanges]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for parts in self.groups.values() for p in parts)
+
+
+@dataclass(slots=True)
+class EncodedSection:
+    """An encoded log section as a list of chunks (joined only once, by the object)."""
+
+    log_id: bytes
+    first_sqn: int
+    end_sqn: int
+    chunks: list[bytes | memoryview]
+    length: int
+
+
+def encode_log_section(log_id: bytes, changesets: Sequence[Changeset], end_sqn: int) -> EncodedSection:
+    """Encode the changesets of one writer (ordered by SQN) as a log section.
+
+    ``end_sqn`` is the exclusive upper bound of the section's SQN range.
+    """
+    if len(log_id) != 16:
+        raise ValueError("log_id must be 16 bytes")
+    if not changesets:
+        raise ValueError("a log section needs at least one changeset")
+    first_sqn = changesets[0].sqn
+    by_kg: dict[int, list[Changeset]] = {}
+    for cs in changesets:
+        if cs.sqn >= end_sqn or cs.sqn < first_sqn:
+            raise ValueError("changesets must be ordered by SQN and below end_sqn")
+        for kg in cs.groups:
+            by_kg.setdefault(kg, []).append(cs)
+    kgs = sorted(by_kg)
+    header_len = _LOG_FIXED.size + _LOG_INDEX.size * len(kgs) + 4
+    blocks: list[tuple[int, int, int, list[bytes | memoryview]]] = []
+    offset = header_len
+    for kg in kgs:
+        chunks: list[bytes | memoryview] = []
+        crc = 0
+        length = 0
+        for cs in by_kg[kg]:
+            parts = cs.groups[kg]
+            count = sum(p.count for p in parts)
+            payload_len = sum(len(p.payload) for p in parts)
+            head = _CHANGESET.pack(cs.sqn, count, payload_len)
+            piece: list[bytes | memoryview] = [head]
+            piece.extend(p.sizes for p in parts)
+            piece.extend(p.payload for p in parts)
+            for c in piece:
+                crc = crc32c(c, crc)
+                length += len(c)
+            chunks.extend(piece)
+        chunks.append(_U32.pack(crc))
+        length += 4
+        blocks.append((kg, offset, length, chunks))
+        offset += length
+    header = bytearray(_LOG_FIXED.pack(LOG_MAGIC, log_id, len(kgs), first_sqn, end_sqn))
+    for kg, off, length, _ in blocks:
+        header += _LOG_INDEX.pack(kg, off, length)
+    header += _U32.pack(crc32c(header))
+    all_chunks: list[bytes | memoryview] = [bytes(header)]
+    for *_, chunks in blocks:
+        all_chunks.extend(chunks)
+    return EncodedSection(log_id, first_sqn, end_sqn, all_chunks, offset)
+
+
+@dataclass(slots=True)
+class BuiltObject:
+    """A complete object and where each log section landed in it."""
+
+    data: bytes
+    #: (offset, length) per section, in the order the sections were added
+    placements: list[tuple[int, int]] = field(default_factory=list)
+
+
+def build_object(sections: Iterable[EncodedSection]) -> BuiltObject:
+    """Concatenate log sections into one object with header and footer."""
+    head = _OBJ_HEADER.pack(OBJECT_MAGIC, FORMAT_VERSION, 0, 0)
+    chunks: list[bytes | memoryview] = [head, _U32.pack(crc32c(head))]
+    offset = OBJECT_HEADER_SIZE
+    placements: list[tuple[int, int]] = []
+    footer = bytearray()
+    n = 0
+    for sec in sections:
+        chunks.extend(sec.chunks)
+        placements.append((offset, sec.length))
+        footer += _FOOTER_ENTRY.pack(sec.log_id, offset, sec.length)
+        offset += sec.length
+        n += 1
+    footer = bytearray(_U32.pack(n)) + footer
+    footer += _U32.pack(crc32c(footer))
+    chunks.append(bytes(footer))
+    chunks.append(_TRAILER.pack(len(footer), FOOTER_MAGIC))
+    return BuiltObject(b"".join(chunks), placements)
+
+
+# --------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True, slots=True)
+class LogSectionIndex:
+    """The parsed header of a log section."""
+
+    log_id: bytes
+    first_sqn: int
+    end_sqn: int
+    header_length: int
+    #: key group -> (offset, length) of its block, relative to the section start
+    key_groups: Mapping[int, tuple[int, int]]
+
+
+def log_header_length(prefix: bytes | memoryview) -> int:
+    """Length of a log header, from its first ``LOG_FIXED_SIZE`` bytes."""
+    if len(prefix) < _LOG_FIXED.size:
+        raise CorruptObject("log section shorter than its fixed header")
+    magic, _, n_kg, _, _ = _LOG_FIXED.unpack_from(prefix)
+    if magic != LOG_MAGIC:
+        raise CorruptObject(f"bad log section magic {bytes(magic)!r}")
+    return int(_LOG_FIXED.size + _LOG_INDEX.size * n_kg + 4)
+
+
+LOG_FIXED_SIZE = _LOG_FIXED.size
+
+
+def parse_log_header(buf: bytes | memoryview, section_length: int | None = None) -> LogSectionIndex:
+    """Parse and verify a log header at the start of ``buf``."""
+    mv = memoryview(buf)
+    hlen = log_header_length(mv)
+    if len(mv) < hlen:
+        raise CorruptObject(f"log header truncated: {len(mv)} of {hlen} bytes")
+    (stored,) = _U32.unpack_from(mv, hlen - 4)
+    if crc32c(mv[: hlen - 4]) != stored:
+        raise CorruptObject("log header checksum mismatch")
+    _, log_id, n_kg, first_sqn, end_sqn = _LOG_FIXED.unpack_from(mv)
+    groups: dict[int, tuple[int, int]] = {}
+    pos = _LOG_FIXED.size
+    prev_end = hlen
+    for _ in range(n_kg):
+        kg, off, length = _LOG_INDEX.unpack_from(mv, pos)
+        pos += _LOG_INDEX.size
+        if off != prev_end or length < 4:
+            raise CorruptObject(f"key group {kg}: block at {off}+{length} breaks the index")
+        prev_end = off + length
+        groups[kg] = (off, length)
+    if section_length is not None and prev_end != section_length:
+        raise CorruptObject(
+            f"log section is {section_length} bytes but its index covers {prev_end}"
+        )
+    if end_sqn < first_sqn:
+        raise CorruptObject("log section SQN range is inverted")
+    return LogSectionIndex(bytes(log_id), first_sqn, end_sqn, hlen, groups)
+
+
+@dataclass(frozen=True, slots=True)
+class ChangesetView:
+    """One changeset of one key group, as read: packed sizes and payload."""
+
+    key_group: int
+    sqn: int
+    count: int
+    sizes: bytes
+    payload: bytes
+
+    def changes(self) -> list[bytes]:
+        return split_changes(self.count, self.sizes, self.payload)
+
+
+def parse_kg_block(key_group: int, block: bytes | memoryview) -> Iterator[ChangesetView]:
+    """Verify a key-group block and yield its changesets in SQN order."""
+    mv = memoryview(block)
+    if len(mv) < 4:
+        raise CorruptObject(f"key group {key_group}: block truncated")
+    (stored,) = _U32.unpack_from(mv, len(mv) - 4)
+    body = mv[: len(mv) - 4]
+    if crc32c(body) != stored:
+        raise CorruptObject(f"key group {key_group}: checksum mismatch")
+    views: list[ChangesetView] = []
+    pos = 0
+    last_sqn = -1
+    while pos < len(body):
+        if pos + _CHANGESET.size > len(body):
+            raise CorruptObject(f"key group {key_group}: changeset header truncated")
+        sqn, count, payload_len = _CHANGESET.unpack_from(body, pos)
+        pos += _CHANGESET.size
+        end = pos + 4 * count + payload_len
+        if end > len(body) or sqn <= last_sqn:
+            raise CorruptObject(f"key group {key_group}: changeset at SQN {sqn} is inconsistent")
+        sizes = bytes(body[pos : pos + 4 * count])
+        payload = bytes(body[pos + 4 * count : end])
+        if count and sum(struct.unpack(f"<{count}I", sizes)) != payload_len:
+            raise CorruptObject(f"key group {key_group}: sizes do not match payload at SQN {sqn}")
+        views.append(ChangesetView(key_group, sqn, count, sizes, payload))
+        last_sqn = sqn
+        pos = end
+    return iter(views)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectIndex:
+    """The footer of an object: which log sections it holds."""
+
+    version: int
+    sections: Mapping[bytes, tuple[int, int]]
+
+
+def parse_object(data: bytes | memoryview) -> ObjectIndex:
+    """Verify an object's header and footer (not the sections) and index it."""
+    mv = memoryview(data)
+    if len(mv) < OBJECT_HEADER_SIZE + _TRAILER.size + 8:
+        raise CorruptObject("object too short")
+    magic, version, _flags, _ = _OBJ_HEADER.unpack_from(mv)
+    if magic != OBJECT_MAGIC:
+        raise CorruptObject(f"not a dstl object (magic {bytes(magic)!r})")
+    (stored,) = _U32.unpack_from(mv, _OBJ_HEADER.size)
+    if crc32c(mv[: _OBJ_HEADER.size]) != stored:
+        raise CorruptObject("object header checksum mismatch")
+    if version != FORMAT_VERSION:
+        raise CorruptObject(f"unsupported object format version {version}")
+    flen, tmagic = _TRAILER.unpack_from(mv, len(mv) - _TRAILER.size)
+    if tmagic != FOOTER_MAGIC or flen + _TRAILER.size + OBJECT_HEADER_SIZE > len(mv):
+        raise CorruptObject("object trailer missing or truncated")
+    fstart = len(mv) - _TRAILER.size - flen
+    footer = mv[fstart : fstart + flen]
+    (fcrc,) = _U32.unpack_from(footer, flen - 4)
+    if crc32c(footer[: flen - 4]) != fcrc:
+        raise CorruptObject("object footer checksum mismatch")
+    (n,) = _U32.unpack_from(footer)
+    if 4 + n * _FOOTER_ENTRY.size + 4 != flen:
+        raise CorruptObject("object footer length inconsistent")
+    sections: dict[bytes, tuple[int, int]] = {}
+    for i in range(n):
+        log_id, off, length = _FOOTER_ENTRY.unpack_from(footer, 4 + i * _FOOTER_ENTRY.size)
+        if off + length > fstart:
+            raise CorruptObject("object footer points past the sections")
+        sections[bytes(log_id)] = (off, length)
+    return ObjectIndex(version, sections)
+
+
+def verify_object(data: bytes | memoryview) -> ObjectIndex:
+    """Verify every checksum of a whole object (used by tools and tests)."""
+    index = parse_object(data)
+    mv = memoryview(data)
+    for off, length in index.sections.values():
+        sec = mv[off : off + length]
+        hdr = parse_log_header(sec, length)
+        for kg, (koff, klen) in hdr.key_groups.items():
+            for _ in parse_kg_block(kg, sec[koff : koff + klen]):
+                pass
+    return index

@@ -1,0 +1,3 @@
+from dstl_server.cli import main
+
+raise SystemExit(main())

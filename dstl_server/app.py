@@ -1,0 +1,151 @@
+"""One sidecar: store, registry, gRPC server, health, reflection and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from dstl_client._pb import dstl_pb2
+from dstl_server.auth import TokenAuthInterceptor
+from dstl_server.metrics import ServerMetrics
+from dstl_server.registry import LogRegistry
+from dstl_server.service import ChangelogService, register
+from dstl_server.settings import ServerSettings
+from dstl_server.storage import BlobStore, open_store
+from dstl_server.uploader import RetryingUploader, Uploader, UploadPolicy
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = dstl_pb2.DESCRIPTOR.services_by_name["Changelog"].full_name
+
+
+class DstlServer:
+    """A running sidecar. Create, ``await start()``, ``await stop()``.
+
+    ``stop`` is the clean shutdown of SIGTERM: health turns NOT_SERVING, new
+    calls are refused, queued changes are flushed and in-flight uploads may
+    finish within ``shutdown_grace_s``; then the store is closed. Bound ports
+    are in ``port`` (TCP) and ``metrics_port`` after ``start``. All methods
+    run on the event loop that called ``start``.
+    """
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        *,
+        store: BlobStore | None = None,
+        uploader: Uploader | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = ServerMetrics()
+        self.epoch = uuid.uuid4().hex
+        self.store = store or open_store(settings.storage, fsync=settings.fsync)
+        self.uploader = uploader or RetryingUploader(
+            self.store,
+            UploadPolicy(
+                attempt_timeout_s=settings.upload_timeout_s,
+                max_attempts=settings.upload_max_attempts,
+                retry_base_delay_s=settings.upload_retry_base_delay_ms / 1000.0,
+            ),
+            self.metrics,
+        )
+        self.registry = LogRegistry(settings, self.uploader, self.metrics)
+        self.service = ChangelogService(self.registry, self.store, self.metrics, self.epoch)
+        self.health = health.aio.HealthServicer()
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._metrics_http: Any = None
+        self._stopped = asyncio.Event()
+
+    @property
+    def address(self) -> str:
+        """Client target: the TCP address, else ``unix://`` path."""
+        if self.port is not None:
+            host = self.settings.listen.rpartition(":")[0]
+            return f"{host}:{self.port}"
+        return f"unix://{self.settings.unix_socket}"
+
+    async def start(self) -> None:
+        s = self.settings
+        interceptors = [TokenAuthInterceptor(s.auth_token)] if s.auth_token else []
+        options = [
+            ("grpc.max_receive_message_length", s.max_request_bytes),
+            ("grpc.max_send_message_length", s.max_request_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.aio.server(interceptors=interceptors, options=options)
+        register(server, self.service)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        if s.listen:
+            if s.tls_cert:
+                creds = grpc.ssl_server_credentials(
+                    [(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())]
+                )
+                self.port = server.add_secure_port(s.listen, creds)
+            else:
+                self.port = server.add_insecure_port(s.listen)
+            if not self.port:
+                raise OSError(f"cannot listen on {s.listen}")
+        if s.unix_socket:
+            path = Path(s.unix_socket)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_socket():
+                path.unlink()  # stale socket of a previous run
+            server.add_insecure_port(f"unix://{path}")
+        await server.start()
+        if s.unix_socket:
+            os.chmod(s.unix_socket, 0o660)
+        self._grpc = server
+        if s.metrics_port >= 0:
+            httpd, _thread = start_http_server(
+                s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry
+            )
+            self._metrics_http = httpd
+            self.metrics_port = httpd.server_address[1]
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        log.warning(
+            "dstl-server serving on %s%s, storage %s, metrics port %s",
+            f"{s.listen.rpartition(':')[0]}:{self.port}" if self.port else "",
+            f" unix://{s.unix_socket}" if s.unix_socket else "",
+            self.store.url,
+            self.metrics_port,
+        )
+
+    async def stop(self) -> None:
+        """Stop accepting, finish in-flight uploads (within the grace), close."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        await self.health.enter_graceful_shutdown()
+        grace = self.settings.shutdown_grace_s
+        # grpc stops accepting calls at once but lets running ones (persists
+        # waiting for uploads) finish; meanwhile the registry flushes its queues.
+        stopping = asyncio.ensure_future(self._grpc.stop(grace)) if self._grpc else None
+        drained = await self.registry.drain(grace)
+        if not drained:
+            log.warning("shutdown: uploads still running after %.1fs grace", grace)
+        if stopping is not None:
+            await stopping
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+        await self.store.close()
+        if self.settings.unix_socket:
+            Path(self.settings.unix_socket).unlink(missing_ok=True)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()

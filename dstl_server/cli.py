@@ -1,0 +1,95 @@
+"""``dstl-server``: run one sidecar until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import MISSING, fields
+from typing import Any
+
+from dstl_client.errors import ConfigError
+from dstl_server.settings import ServerSettings, env_name
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dstl-server",
+        description="Durable Short-term Log sidecar: batches state changes of every "
+        "executor on this node into one object per flush.",
+        epilog="Every flag can also be set with the DSTL_* environment variable shown; "
+        "a flag wins over the environment.",
+    )
+    for f in fields(ServerSettings):
+        flag = "--" + f.name.replace("_", "-")
+        unit = f" [{f.metadata['unit']}]" if f.metadata["unit"] else ""
+        help_text = f"{f.metadata['doc']}{unit} (default {f.default!r}; env {env_name(f.name)})"
+        default: Any = None
+        if f.default is MISSING:  # pragma: no cover - every setting has a default
+            raise AssertionError(f.name)
+        if isinstance(f.default, bool):
+            parser.add_argument(
+                flag, dest=f.name, default=default, action=argparse.BooleanOptionalAction,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(
+                flag, dest=f.name, default=default, type=type(f.default), help=help_text
+            )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the effective settings and exit"
+    )
+    return parser
+
+
+async def serve(settings: ServerSettings) -> None:
+    from dstl_server.app import DstlServer
+
+    server = DstlServer(settings)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # A line on stdout tells supervisors and tests where we listen.
+    print(
+        f"READY grpc={server.address} metrics_port={server.metrics_port} epoch={server.epoch}",
+        flush=True,
+    )
+    await stop.wait()
+    await server.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    overrides = {k: v for k, v in vars(ns).items() if k != "print_config" and v is not None}
+    try:
+        settings = ServerSettings.from_sources(overrides)
+    except ConfigError as exc:
+        print(f"dstl-server: configuration error: {exc.message}", file=sys.stderr)
+        return 2
+    if ns.print_config:
+        for f in fields(settings):
+            value = getattr(settings, f.name)
+            if f.name == "auth_token" and value:
+                value = "***"
+            print(f"{f.name} = {value!r}")
+        return 0
+    from dstl_server.logs import setup_logging
+
+    setup_logging(settings.log_level)
+    try:
+        import uvloop
+
+        uvloop.run(serve(settings))
+    except OSError as exc:
+        print(f"dstl-server: cannot start: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

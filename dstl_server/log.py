@@ -1,0 +1,186 @@
+"""The state of one writer's log: SQNs, changesets and where they were uploaded."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+
+from dstl_client.errors import (
+    KeyGroupOutOfRange,
+    SqnOutOfRange,
+    WriterClosed,
+)
+from dstl_client.format import Changeset, PackedChanges
+from dstl_client.handle import HandleEntry
+
+INITIAL_SQN = 0
+
+
+@dataclass(slots=True, eq=False)
+class UploadTask:
+    """Changesets of one writer that go into one log section of one object."""
+
+    log: WriterLog
+    changesets: list[Changeset]
+    end_sqn: int
+    nbytes: int
+    preemptive: bool
+    future: asyncio.Future[HandleEntry] = field(repr=False)
+
+
+class WriterLog:
+    """One writer: its SQN counter and its changesets in every state.
+
+    A change is tagged with ``active_sqn``. ``rollover`` closes the active
+    changeset (if it holds anything) and bumps ``active_sqn``; so the value
+    returned to callers is a boundary: changes before it have smaller SQNs.
+
+    Every closed changeset is in exactly one of ``not_uploaded``,
+    ``uploading`` (its task's future) or ``uploaded`` (its handle entry; the
+    data is gone from memory) until ``truncate`` drops it. ``pending_bytes``
+    counts active + not uploaded + uploading bytes, the writer's share of the
+    :class:`~dstl_server.throttle.MemoryBudget`.
+
+    Event-loop only: no locks, every method runs to completion.
+    """
+
+    def __init__(
+        self, job_id: str, operator_id: str, key_group_range: tuple[int, int]
+    ) -> None:
+        self.log_id_bytes = uuid.uuid4().bytes
+        self.log_id = self.log_id_bytes.hex()
+        self.job_id = job_id
+        self.operator_id = operator_id
+        self.key_group_range = key_group_range
+        self.active_sqn = INITIAL_SQN
+        self.active: dict[int, list[PackedChanges]] = {}
+        self.active_bytes = 0
+        self.not_uploaded: dict[int, Changeset] = {}
+        self.uploading: dict[int, UploadTask] = {}
+        self.uploaded: dict[int, HandleEntry] = {}
+        self.truncated_before = INITIAL_SQN
+        self.pending_bytes = 0
+        self.closed = False
+
+    # ------------------------------------------------------------- appends
+    def check_open(self) -> None:
+        if self.closed:
+            raise WriterClosed(f"writer {self.log_id} is closed")
+
+    def check_key_group(self, key_group: int) -> None:
+        first, last = self.key_group_range
+        if not first <= key_group <= last:
+            raise KeyGroupOutOfRange(
+                f"key group {key_group} is outside writer {self.log_id}'s range [{first}, {last}]"
+            )
+
+    def append(self, key_group: int, packed: PackedChanges) -> None:
+        parts = self.active.get(key_group)
+        if parts is None:
+            self.active[key_group] = [packed]
+        else:
+            parts.append(packed)
+        n = packed.nbytes
+        self.active_bytes += n
+        self.pending_bytes += n
+
+    def rollover(self) -> int:
+        """Close the active changeset; return the new boundary SQN."""
+        if self.active:
+            self.not_uploaded[self.active_sqn] = Changeset(self.active_sqn, self.active)
+            self.active = {}
+            self.active_bytes = 0
+            self.active_sqn += 1
+        return self.active_sqn
+
+    def unuploaded_bytes(self) -> int:
+        return self.active_bytes + sum(cs.nbytes for cs in self.not_uploaded.values())
+
+    # ------------------------------------------------------------- persists
+    def check_persist_from(self, after: int) -> None:
+        if after > self.active_sqn:
+            raise SqnOutOfRange(
+                f"persist after SQN {after}: writer {self.log_id} is only at {self.active_sqn}"
+            )
+        if after < self.truncated_before:
+            raise SqnOutOfRange(
+                f"persist after SQN {after}: changes below {self.truncated_before} were truncated"
+            )
+
+    def take_not_uploaded(self, after: int | None) -> list[Changeset]:
+        """Remove and return the not-uploaded changesets with SQN >= ``after`` in order."""
+        sqns = sorted(s for s in self.not_uploaded if after is None or s >= after)
+        return [self.not_uploaded.pop(s) for s in sqns]
+
+    def sections_from(self, after: int) -> list[HandleEntry | UploadTask]:
+        """Uploaded entries and running tasks covering SQNs >= ``after``, in SQN order."""
+        found: dict[int, HandleEntry | UploadTask] = {}
+        for sqn, entry in self.uploaded.items():
+            if sqn >= after:
+                found[sqn] = entry
+        for sqn, task in self.uploading.items():
+            if sqn >= after:
+                found[sqn] = task
+        out: list[HandleEntry | UploadTask] = []
+        for sqn in sorted(found):
+            item = found[sqn]
+            if not out or out[-1] != item:
+                out.append(item)
+        return out
+
+    def start_upload(self, task: UploadTask) -> None:
+        for cs in task.changesets:
+            self.uploading[cs.sqn] = task
+
+    def finish_upload(self, task: UploadTask, entry: HandleEntry | None) -> int:
+        """Record an upload's outcome; return the bytes the writer no longer holds.
+
+        On success the changesets become handle entries (their data is freed);
+        on failure they go back to not-uploaded, so the next persist uploads
+        them again, unless the writer was closed or truncated past them.
+        """
+        freed = 0
+        for cs in task.changesets:
+            if self.uploading.get(cs.sqn) is task:
+                del self.uploading[cs.sqn]
+            keep = not self.closed and cs.sqn >= self.truncated_before
+            if entry is not None:
+                freed += cs.nbytes
+                if keep:
+                    self.uploaded[cs.sqn] = entry
+            elif keep:
+                self.not_uploaded[cs.sqn] = cs
+            else:
+                freed += cs.nbytes
+        self.pending_bytes -= freed
+        return freed
+
+    # ----------------------------------------------------------- truncation
+    def truncate(self, before: int) -> int:
+        """Drop changesets with SQN < ``before``; return bytes freed from memory."""
+        if before > self.active_sqn:
+            raise SqnOutOfRange(
+                f"truncate before SQN {before}: writer {self.log_id} is only at {self.active_sqn}"
+            )
+        if before <= self.truncated_before:
+            return 0
+        self.truncated_before = before
+        freed = 0
+        for sqn in [s for s in self.not_uploaded if s < before]:
+            freed += self.not_uploaded.pop(sqn).nbytes
+        for sqn in [s for s in self.uploaded if s < before]:
+            del self.uploaded[sqn]
+        self.pending_bytes -= freed
+        return freed
+
+    def close(self) -> int:
+        """Drop active and not-uploaded changes; return bytes freed from memory."""
+        self.closed = True
+        freed = self.active_bytes + sum(cs.nbytes for cs in self.not_uploaded.values())
+        self.active = {}
+        self.active_bytes = 0
+        self.not_uploaded.clear()
+        self.uploaded.clear()
+        self.pending_bytes -= freed
+        return freed

@@ -1,0 +1,121 @@
+"""Prometheus metrics of one sidecar.
+
+Each :class:`ServerMetrics` owns its own registry, so several servers can run
+in one process (tests) without clashing. Metrics are updated from the event
+loop thread and from upload threads; prometheus-client's types are thread-safe.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+)
+_SIZE_BUCKETS = tuple(float(1 << n) for n in range(10, 31, 2))  # 1 KiB .. 1 GiB
+_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def size_class(nbytes: int) -> str:
+    """Coarse size label for latency histograms (keeps label cardinality tiny)."""
+    if nbytes < 256 * 1024:
+        return "lt256k"
+    if nbytes < 4 * 1024 * 1024:
+        return "lt4m"
+    if nbytes < 32 * 1024 * 1024:
+        return "lt32m"
+    return "ge32m"
+
+
+class ServerMetrics:
+    """All counters, gauges and histograms of the sidecar."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.writers = Gauge("dstl_writers", "Registered writers", registry=r)
+        self.appended_bytes = Counter(
+            "dstl_appended_bytes", "Bytes of changes appended", registry=r
+        )
+        self.appended_changes = Counter(
+            "dstl_appended_changes", "Changes appended", registry=r
+        )
+        self.append_requests = Counter(
+            "dstl_append_requests", "Append RPCs (batches)", registry=r
+        )
+        self.persist_requests = Counter(
+            "dstl_persist_requests", "persist_durably calls", registry=r
+        )
+        self.persist_latency = Histogram(
+            "dstl_persist_latency_seconds",
+            "Time from a persist request to its handle",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.persist_failures = Counter(
+            "dstl_persist_failures", "persist_durably calls that failed", registry=r
+        )
+        self.uploads = Counter("dstl_uploads", "Objects uploaded", ["result"], registry=r)
+        self.upload_bytes = Counter("dstl_upload_bytes", "Bytes of objects uploaded", registry=r)
+        self.upload_latency = Histogram(
+            "dstl_upload_latency_seconds",
+            "Upload latency of one object, all attempts included",
+            ["size_class"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upload_size = Histogram(
+            "dstl_upload_size_bytes", "Size of uploaded objects", buckets=_SIZE_BUCKETS, registry=r
+        )
+        self.logs_per_object = Histogram(
+            "dstl_upload_logs_per_object",
+            "Log sections (writers) per uploaded object",
+            buckets=_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.upload_attempts = Histogram(
+            "dstl_upload_attempts",
+            "Attempts started per upload (first, retries and hedges)",
+            buckets=(1, 2, 3, 4, 5, 8),
+            registry=r,
+        )
+        self.upload_retries = Counter(
+            "dstl_upload_retries", "Upload attempts started after a failure", registry=r
+        )
+        self.hedges_started = Counter(
+            "dstl_hedges_started", "Hedged attempts started (upload slower than the hedge delay)",
+            registry=r,
+        )
+        self.hedges_won = Counter(
+            "dstl_hedges_won", "Uploads whose winning attempt was a hedge", registry=r
+        )
+        self.hedge_delay = Gauge(
+            "dstl_hedge_delay_seconds", "Hedge delay in force", registry=r
+        )
+        self.preemptive_uploads = Counter(
+            "dstl_preemptive_uploads", "Writer uploads started before any persist asked",
+            registry=r,
+        )
+        self.flushes = Counter(
+            "dstl_flushes", "Batches flushed into one object, by trigger", ["trigger"], registry=r
+        )
+        self.unuploaded_bytes = Gauge(
+            "dstl_unuploaded_bytes", "Bytes appended and not yet uploaded (bounded)", registry=r
+        )
+        self.in_flight_bytes = Gauge(
+            "dstl_upload_in_flight_bytes", "Bytes of objects being uploaded", registry=r
+        )
+        self.backpressure_waits = Counter(
+            "dstl_backpressure_waits", "Appends that had to wait for memory", registry=r
+        )
+        self.reads = Counter("dstl_read_requests", "ReadChanges calls", registry=r)
+        self.read_bytes = Counter("dstl_read_bytes", "Bytes of objects read", registry=r)
+        self.discarded_objects = Counter(
+            "dstl_discarded_objects", "Objects deleted by DiscardObjects or cleanup", registry=r
+        )
+        self.errors = Counter(
+            "dstl_errors", "Errors returned to callers, by kind", ["kind"], registry=r
+        )
+        self.storage_failures = Counter(
+            "dstl_storage_failures", "Failed store operations, by operation and kind",
+            ["op", "kind"], registry=r,
+        )

@@ -1,0 +1,190 @@
+"""The sidecar's settings: one frozen, typed, validated object.
+
+Every field has a documented default and unit. ``ServerSettings.from_sources``
+builds it from command-line flags and ``DSTL_*`` environment variables (a flag
+wins over the environment, the environment over the default) and validates it
+before anything starts; a bad value raises :class:`ConfigError` naming the
+setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from dstl_client.errors import ConfigError
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def _setting(default: Any, doc: str, *, unit: str = "", flag: str | None = None) -> Any:
+    return field(default=default, metadata={"doc": doc, "unit": unit, "flag": flag})
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """Every knob of the sidecar (see README "Configuration")."""
+
+    listen: str = _setting(
+        "127.0.0.1:7070",
+        "TCP address to serve gRPC on (host:port); empty to serve on the Unix socket only. "
+        "Addresses other than loopback need --auth-token or TLS.",
+    )
+    unix_socket: str = _setting("", "Path of a Unix domain socket to serve gRPC on (optional).")
+    storage: str = _setting(
+        "file:///var/tmp/dstl", "Where objects go: file:///path or s3://bucket/prefix."
+    )
+    metrics_port: int = _setting(
+        9464, "Port of the Prometheus /metrics HTTP endpoint; 0 picks a free one, -1 disables."
+    )
+    metrics_host: str = _setting("127.0.0.1", "Address the metrics endpoint binds to.")
+    persist_delay_ms: float = _setting(
+        10.0, "Wait after the first persist request before uploading, to batch writers.", unit="ms"
+    )
+    batch_size_threshold: int = _setting(
+        10 * MiB, "Upload at once when this many bytes wait for one job.", unit="bytes"
+    )
+    preemptive_persist_threshold: int = _setting(
+        5 * MiB,
+        "Upload a writer's changes before any checkpoint asks once it holds this many bytes; "
+        "0 disables.",
+        unit="bytes",
+    )
+    max_in_flight_bytes: int = _setting(
+        100 * MiB,
+        "Bytes appended but not yet uploaded, over all writers; past it appends wait.",
+        unit="bytes",
+    )
+    backpressure_timeout_s: float = _setting(
+        60.0, "How long an append waits under backpressure before RESOURCE_EXHAUSTED.", unit="s"
+    )
+    max_change_bytes: int = _setting(4 * MiB, "Largest single change accepted.", unit="bytes")
+    max_request_bytes: int = _setting(
+        64 * MiB, "Largest gRPC message accepted (one append batch).", unit="bytes"
+    )
+    max_concurrent_uploads: int = _setting(4, "Objects uploaded at the same time.")
+    upload_timeout_s: float = _setting(
+        10.0, "Deadline of one upload attempt.", unit="s"
+    )
+    upload_max_attempts: int = _setting(3, "Attempts per upload, the first included.")
+    upload_retry_base_delay_ms: float = _setting(
+        100.0, "First backoff delay between attempts (exponential, jittered).", unit="ms"
+    )
+    max_writers: int = _setting(10_000, "Writers registered at the same time.")
+    auth_token: str = _setting(
+        "", "Shared token callers must send as 'authorization: Bearer <token>' (empty: none)."
+    )
+    tls_cert: str = _setting("", "PEM certificate file; with --tls-key enables TLS on TCP.")
+    tls_key: str = _setting("", "PEM private key file for --tls-cert.")
+    fsync: bool = _setting(True, "fsync file:// objects and their directory (keep on).")
+    shutdown_grace_s: float = _setting(
+        30.0, "On SIGTERM, how long in-flight uploads may take to finish.", unit="s"
+    )
+    log_level: str = _setting("WARNING", "Python log level (logs are JSON lines on stderr).")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------ validation
+    def validate(self) -> None:
+        def bad(name: str, why: str) -> ConfigError:
+            return ConfigError(f"setting {name}={getattr(self, name)!r}: {why}")
+
+        if not self.listen and not self.unix_socket:
+            raise ConfigError("nothing to listen on: set listen and/or unix_socket")
+        if self.listen:
+            host, _, port = self.listen.rpartition(":")
+            if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+                raise bad("listen", "expected host:port")
+            if not self.is_loopback(host) and not (self.auth_token or self.tls_cert):
+                raise bad("listen", "a non-loopback address needs auth_token or TLS")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key go together")
+        if not self.storage.startswith(("file://", "s3://")):
+            raise bad("storage", "expected file:///path or s3://bucket/prefix")
+        if not -1 <= self.metrics_port <= 65535:
+            raise bad("metrics_port", "expected -1 (off), 0 (any) or a port")
+        for name in ("persist_delay_ms", "upload_retry_base_delay_ms"):
+            if getattr(self, name) < 0:
+                raise bad(name, "must be >= 0")
+        for name in ("backpressure_timeout_s", "upload_timeout_s", "shutdown_grace_s"):
+            if getattr(self, name) <= 0:
+                raise bad(name, "must be > 0")
+        for name in (
+            "batch_size_threshold",
+            "max_in_flight_bytes",
+            "max_change_bytes",
+            "max_request_bytes",
+            "max_concurrent_uploads",
+            "upload_max_attempts",
+            "max_writers",
+        ):
+            if getattr(self, name) <= 0:
+                raise bad(name, "must be > 0")
+        if self.preemptive_persist_threshold < 0:
+            raise bad("preemptive_persist_threshold", "must be >= 0")
+        if self.batch_size_threshold > self.max_in_flight_bytes:
+            raise bad("batch_size_threshold", "must not exceed max_in_flight_bytes")
+        if self.max_change_bytes + 64 * KiB > self.max_request_bytes:
+            raise bad("max_change_bytes", "must leave 64 KiB of room below max_request_bytes")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise bad("log_level", "expected DEBUG, INFO, WARNING, ERROR or CRITICAL")
+
+    @staticmethod
+    def is_loopback(host: str) -> bool:
+        host = host.strip("[]")
+        return host in ("localhost", "::1") or host.startswith("127.")
+
+    # --------------------------------------------------------------- sources
+    def replace(self, **changes: Any) -> ServerSettings:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def describe(cls) -> list[tuple[str, str, Any, str, str]]:
+        """(name, env var, default, unit, doc) for every setting (README, --help)."""
+        return [
+            (f.name, env_name(f.name), f.default, f.metadata["unit"], f.metadata["doc"])
+            for f in fields(cls)
+        ]
+
+    @classmethod
+    def from_sources(
+        cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    ) -> ServerSettings:
+        """Defaults, then ``DSTL_*`` variables, then ``overrides`` (flags)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(env_name(f.name))
+            if raw is not None and raw != "":
+                values[f.name] = _parse(f.name, raw, type(f.default))
+        for k, v in (overrides or {}).items():
+            if v is not None:
+                values[k] = v
+        return cls(**values)
+
+
+def env_name(name: str) -> str:
+    return "DSTL_" + name.upper()
+
+
+def _parse(name: str, raw: str, typ: type) -> Any:
+    try:
+        if typ is bool:
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if typ is int:
+            return int(raw)
+        if typ is float:
+            return float(raw)
+        return raw
+    except ValueError as exc:
+        raise ConfigError(f"{env_name(name)}={raw!r}: expected {typ.__name__}") from exc

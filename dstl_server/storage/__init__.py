@@ -1,0 +1,29 @@
+"""Blob stores: where the sidecar's objects live."""
+
+from __future__ import annotations
+
+from urllib.parse import urlparse
+
+from dstl_client.errors import ConfigError
+from dstl_server.storage.base import BlobInfo, BlobStore
+from dstl_server.storage.local import LocalBlobStore
+
+__all__ = ["BlobInfo", "BlobStore", "LocalBlobStore", "open_store"]
+
+
+def open_store(url: str, **options: object) -> BlobStore:
+    """Open a store from a URL: ``file:///path`` or ``s3://bucket/prefix``."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ConfigError(f"file:// URL must be absolute (file:///path), got {url!r}")
+        if not parsed.path:
+            raise ConfigError(f"file:// URL without a path: {url!r}")
+        return LocalBlobStore(parsed.path, fsync=bool(options.get("fsync", True)))
+    if parsed.scheme == "s3":
+        try:
+            from dstl_server.storage.s3 import S3BlobStore
+        except ImportError as exc:  # pragma: no cover - the S3 store ships with the package
+            raise ConfigError(f"S3 storage is not available: {exc}") from exc
+        return S3BlobStore.from_url(url, **options)  # type: ignore[arg-type]
+    raise ConfigError(f"unsupported storage URL {url!r}: use file:///path or s3://bucket/prefix")

@@ -1,0 +1,76 @@
+"""The blob store interface every storage backend implements.
+
+Contract (checked by ``tests/dstl_server/storage/contract.py`` for every store):
+
+* ``put`` is atomic: a reader sees either no object or the whole object, never
+  a prefix, also after a crash. ``put`` of an existing key replaces it
+  atomically (the sidecar never reuses keys; every attempt gets a new one).
+* ``get`` with ``offset``/``length`` returns exactly that byte range; a range
+  past the end returns the bytes that exist (possibly fewer); a missing key
+  raises :class:`BlobNotFound`.
+* ``delete`` of missing keys is not an error; it returns how many existed
+  where the store can tell (otherwise how many it was asked to delete).
+* ``list`` yields every key under a prefix with its size, in key order.
+* Errors are :class:`StorageError` subclasses; ``retryable`` says whether the
+  same call may succeed when tried again.
+
+Stores are used from the sidecar's event loop; implementations must not block
+it (file I/O goes to threads).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BlobInfo:
+    """A listed object."""
+
+    key: str
+    size: int
+
+
+class BlobStore(abc.ABC):
+    """Async object storage: atomic puts, ranged gets, deletes, listing."""
+
+    #: URL the store was opened from, with credentials removed (for logs)
+    url: str = ""
+
+    @abc.abstractmethod
+    async def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key`` atomically and durably."""
+
+    @abc.abstractmethod
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Read ``length`` bytes from ``offset`` (to the end when ``length`` is None)."""
+
+    @abc.abstractmethod
+    async def delete(self, keys: Sequence[str]) -> int:
+        """Delete keys; missing ones are ignored."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> AsyncIterator[BlobInfo]:
+        """Yield the objects whose key starts with ``prefix``, in key order."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and threads."""
+
+    async def __aenter__(self) -> BlobStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def validate_key(key: str) -> None:
+    """Keys are relative, '/'-separated, without empty, '.' or '..' parts."""
+    from dstl_client.errors import InvalidArgument
+
+    if not key or key.startswith("/") or len(key) > 1024:
+        raise InvalidArgument(f"bad object key {key!r}")
+    for part in key.split("/"):
+        if part in ("", ".", "..") or "\\" in part or "\x00" in part:
+            raise InvalidArgument(f"bad object key {key!r}")

@@ -1,0 +1,59 @@
+"""Bound on bytes held in the sidecar's memory and not yet uploaded."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from dstl_client.errors import Backpressure
+
+
+class MemoryBudget:
+    """Counts bytes appended and not yet uploaded, over every writer.
+
+    Invariant: ``used`` is the sum over writers of their active, queued and
+    uploading changes. ``acquire`` lets a caller in while ``used < limit``
+    (one request may overcommit, as Flink's UploadThrottle does, so a change
+    larger than the headroom never deadlocks) and otherwise waits, calling
+    ``on_pressure`` so queued changes get uploaded and memory frees up.
+    Event-loop only.
+    """
+
+    def __init__(self, limit: int, timeout_s: float, on_pressure: Callable[[], None]) -> None:
+        self.limit = limit
+        self.timeout_s = timeout_s
+        self.used = 0
+        self._on_pressure = on_pressure
+        self._cond = asyncio.Condition()
+
+    @property
+    def over(self) -> bool:
+        return self.used >= self.limit
+
+    async def acquire(self, nbytes: int) -> bool:
+        """Account ``nbytes``; return True if the caller had to wait."""
+        waited = False
+        if self.used >= self.limit:
+            waited = True
+            self._on_pressure()
+            async with self._cond:
+                try:
+                    await asyncio.wait_for(
+                        self._cond.wait_for(lambda: self.used < self.limit), self.timeout_s
+                    )
+                except TimeoutError:
+                    raise Backpressure(
+                        f"{self.used} bytes wait for upload (limit {self.limit}) for "
+                        f"{self.timeout_s:.0f}s: the store is too slow or down"
+                    ) from None
+        self.used += nbytes
+        return waited
+
+    def release(self, nbytes: int) -> None:
+        self.used -= nbytes
+        if self.used < self.limit:
+            asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()
