@@ -20,7 +20,7 @@ class ChangeBuffer:
     request messages. Not thread-safe: the owning writer holds its lock.
     """
 
-    __slots__ = ("_first", "_last", "_max_change", "_payload", "_sizes", "nbytes", "count")
+    __slots__ = ("_first", "_last", "_max_change", "_payload", "_sizes", "count", "nbytes")
 
     def __init__(self, key_group_range: tuple[int, int], max_change_bytes: int) -> None:
         self._first, self._last = key_group_range

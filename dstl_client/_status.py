@@ -29,14 +29,16 @@ def to_dstl_error(exc: Any) -> DstlError:
         for key, value in exc.trailing_metadata() or ():
             if key == ERROR_KIND_KEY:
                 kind = value
-    except Exception:  # noqa: S110 - calls that never reached the server have no trailers
+    except Exception:
         pass
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     if kind is None:
         kind = _BY_CODE.get(code, "internal") if code is not None else "internal"
         if kind == "unavailable":
-            return SidecarUnavailable(f"sidecar unavailable ({code.name if code else '?'}): {details}")
+            return SidecarUnavailable(
+                f"sidecar unavailable ({code.name if code else '?'}): {details}"
+            )
     cls = error_class_for_kind(kind)
     return cls(details or (code.name if code else "error"))
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import grpc
 
+from dstl_client._buffer import ChangeBuffer
 from dstl_client._pb import dstl_pb2 as pb
 from dstl_client._pb import dstl_pb2_grpc as pb_grpc
-from dstl_client._buffer import ChangeBuffer
 from dstl_client._status import channel_options, credentials_and_metadata, to_dstl_error
 from dstl_client.errors import DstlError, WriterClosed
 from dstl_client.format import ChangesetView, split_changes
@@ -120,7 +120,9 @@ class ChangelogClient:
         try:
             grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
         except grpc.FutureTimeoutError:
-            raise SidecarUnavailable(f"no sidecar answered at {self.target} in {timeout_s}s") from None
+            raise SidecarUnavailable(
+                f"no sidecar answered at {self.target} in {timeout_s}s"
+            ) from None
 
     def close(self) -> None:
         self._channel.close()

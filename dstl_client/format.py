@@ -57,7 +57,7 @@ _U32 = struct.Struct("<I")
 _TRAILER = struct.Struct("<I4s")
 
 
-def crc32c(data: bytes | memoryview, crc: int = 0) -> int:
+def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
     """CRC32C of ``data``, continuing from ``crc``."""
     return int(_crc32c.crc32c(data, crc))
 
@@ -104,7 +104,9 @@ def check_packed(packed: PackedChanges, max_change_bytes: int) -> None:
         raise ValueError(f"a change of {largest} bytes exceeds the limit of {max_change_bytes}")
 
 
-def split_changes(count: int, sizes: bytes | memoryview, payload: bytes | memoryview) -> list[bytes]:
+def split_changes(
+    count: int, sizes: bytes | memoryview, payload: bytes | memoryview
+) -> list[bytes]:
     """Turn packed changes back into a list of byte strings."""
     out: list[bytes] = []
     pos = 0
@@ -138,7 +140,9 @@ class EncodedSection:
     length: int
 
 
-def encode_log_section(log_id: bytes, changesets: Sequence[Changeset], end_sqn: int) -> EncodedSection:
+def encode_log_section(
+    log_id: bytes, changesets: Sequence[Changeset], end_sqn: int
+) -> EncodedSection:
     """Encode the changesets of one writer (ordered by SQN) as a log section.
 
     ``end_sqn`` is the exclusive upper bound of the section's SQN range.

@@ -12,6 +12,7 @@ as the ``dstl.v1.Handle`` protobuf message with a version field.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -138,7 +139,7 @@ class ChangelogHandle:
             raise InvalidHandle("nothing to combine")
         first = hs[0]
         entries: list[HandleEntry] = []
-        for prev, nxt in zip(hs, hs[1:], strict=False):
+        for prev, nxt in itertools.pairwise(hs):
             if nxt.log_id != first.log_id or nxt.from_sqn != prev.to_sqn:
                 raise InvalidHandle("handles are not consecutive ranges of one log")
         for h in hs:
@@ -146,6 +147,10 @@ class ChangelogHandle:
                 if not entries or entries[-1] != e:
                     entries.append(e)
         return ChangelogHandle(
-            first.job_id, first.log_id, first.key_group_range, first.from_sqn, hs[-1].to_sqn,
+            first.job_id,
+            first.log_id,
+            first.key_group_range,
+            first.from_sqn,
+            hs[-1].to_sqn,
             tuple(entries),
         )

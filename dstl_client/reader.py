@@ -80,7 +80,9 @@ class HandleReader:
             if wanted is not None and kg not in wanted:
                 continue
             if not handle.key_group_range[0] <= kg <= handle.key_group_range[1]:
-                raise CorruptObject(f"{entry.object_key}: key group {kg} outside the writer's range")
+                raise CorruptObject(
+                    f"{entry.object_key}: key group {kg} outside the writer's range"
+                )
             block = section[off : off + length] if whole else await self._get(entry, off, length)
             for view in parse_kg_block(kg, block):
                 yield view

@@ -11,7 +11,7 @@ import grpc
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 
 
-class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
+class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Rejects calls without ``authorization: Bearer <token>`` (health checks pass).
 
     Stateless; runs on the server's event loop for every call.

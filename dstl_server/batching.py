@@ -124,9 +124,7 @@ class BatchingScheduler:
         self.metrics.logs_per_object.observe(len(tasks))
         for t, (off, length) in zip(tasks, built.placements, strict=True):
             if not t.future.done():
-                t.future.set_result(
-                    HandleEntry(key, off, length, t.changesets[0].sqn, t.end_sqn)
-                )
+                t.future.set_result(HandleEntry(key, off, length, t.changesets[0].sqn, t.end_sqn))
 
     async def drain(self, timeout_s: float) -> bool:
         """Flush what is queued and wait for running uploads; refuse new tasks."""
@@ -145,7 +143,5 @@ class BatchingScheduler:
 
 
 def _encode(tasks: list[UploadTask]) -> BuiltObject:
-    sections = [
-        encode_log_section(t.log.log_id_bytes, t.changesets, t.end_sqn) for t in tasks
-    ]
+    sections = [encode_log_section(t.log.log_id_bytes, t.changesets, t.end_sqn) for t in tasks]
     return build_object(sections)

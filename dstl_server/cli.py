@@ -31,7 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
             raise AssertionError(f.name)
         if isinstance(f.default, bool):
             parser.add_argument(
-                flag, dest=f.name, default=default, action=argparse.BooleanOptionalAction,
+                flag,
+                dest=f.name,
+                default=default,
+                action=argparse.BooleanOptionalAction,
                 help=help_text,
             )
         else:

@@ -45,9 +45,7 @@ class WriterLog:
     Event-loop only: no locks, every method runs to completion.
     """
 
-    def __init__(
-        self, job_id: str, operator_id: str, key_group_range: tuple[int, int]
-    ) -> None:
+    def __init__(self, job_id: str, operator_id: str, key_group_range: tuple[int, int]) -> None:
         self.log_id_bytes = uuid.uuid4().bytes
         self.log_id = self.log_id_bytes.hex()
         self.job_id = job_id

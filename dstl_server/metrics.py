@@ -10,7 +10,20 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    30.0,
 )
 _SIZE_BUCKETS = tuple(float(1 << n) for n in range(10, 31, 2))  # 1 KiB .. 1 GiB
 _COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -36,12 +49,8 @@ class ServerMetrics:
         self.appended_bytes = Counter(
             "dstl_appended_bytes", "Bytes of changes appended", registry=r
         )
-        self.appended_changes = Counter(
-            "dstl_appended_changes", "Changes appended", registry=r
-        )
-        self.append_requests = Counter(
-            "dstl_append_requests", "Append RPCs (batches)", registry=r
-        )
+        self.appended_changes = Counter("dstl_appended_changes", "Changes appended", registry=r)
+        self.append_requests = Counter("dstl_append_requests", "Append RPCs (batches)", registry=r)
         self.persist_requests = Counter(
             "dstl_persist_requests", "persist_durably calls", registry=r
         )
@@ -82,17 +91,17 @@ class ServerMetrics:
             "dstl_upload_retries", "Upload attempts started after a failure", registry=r
         )
         self.hedges_started = Counter(
-            "dstl_hedges_started", "Hedged attempts started (upload slower than the hedge delay)",
+            "dstl_hedges_started",
+            "Hedged attempts started (upload slower than the hedge delay)",
             registry=r,
         )
         self.hedges_won = Counter(
             "dstl_hedges_won", "Uploads whose winning attempt was a hedge", registry=r
         )
-        self.hedge_delay = Gauge(
-            "dstl_hedge_delay_seconds", "Hedge delay in force", registry=r
-        )
+        self.hedge_delay = Gauge("dstl_hedge_delay_seconds", "Hedge delay in force", registry=r)
         self.preemptive_uploads = Counter(
-            "dstl_preemptive_uploads", "Writer uploads started before any persist asked",
+            "dstl_preemptive_uploads",
+            "Writer uploads started before any persist asked",
             registry=r,
         )
         self.flushes = Counter(
@@ -116,6 +125,8 @@ class ServerMetrics:
             "dstl_errors", "Errors returned to callers, by kind", ["kind"], registry=r
         )
         self.storage_failures = Counter(
-            "dstl_storage_failures", "Failed store operations, by operation and kind",
-            ["op", "kind"], registry=r,
+            "dstl_storage_failures",
+            "Failed store operations, by operation and kind",
+            ["op", "kind"],
+            registry=r,
         )

@@ -105,8 +105,13 @@ class LogRegistry:
         self._logs[wl.log_id] = wl
         self._writers_per_job[job_id] = self._writers_per_job.get(job_id, 0) + 1
         self.metrics.writers.set(len(self._logs))
-        log.info("writer %s created for job %s op %s kg %s", wl.log_id, job_id, operator_id,
-                 key_group_range)
+        log.info(
+            "writer %s created for job %s op %s kg %s",
+            wl.log_id,
+            job_id,
+            operator_id,
+            key_group_range,
+        )
         return wl
 
     async def append(self, log_id: str, batches: Sequence[tuple[int, PackedChanges]]) -> int:
@@ -202,9 +207,7 @@ class LogRegistry:
         self.metrics.unuploaded_bytes.set(self.budget.used)
 
     # ---------------------------------------------------------------- uploads
-    def _submit(
-        self, wl: WriterLog, changesets: list[Changeset], preemptive: bool
-    ) -> UploadTask:
+    def _submit(self, wl: WriterLog, changesets: list[Changeset], preemptive: bool) -> UploadTask:
         nbytes = sum(cs.nbytes for cs in changesets)
         fut: asyncio.Future[HandleEntry] = asyncio.get_running_loop().create_future()
         task = UploadTask(wl, changesets, changesets[-1].sqn + 1, nbytes, preemptive, fut)

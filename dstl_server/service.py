@@ -42,7 +42,9 @@ def status_of(exc: DstlError) -> grpc.StatusCode:
 async def _abort(ctx: grpc.aio.ServicerContext, exc: BaseException, metrics: ServerMetrics) -> None:
     if isinstance(exc, DstlError):
         metrics.errors.labels(exc.kind).inc()
-        await ctx.abort(status_of(exc), exc.message, trailing_metadata=((ERROR_KIND_KEY, exc.kind),))
+        await ctx.abort(
+            status_of(exc), exc.message, trailing_metadata=((ERROR_KIND_KEY, exc.kind),)
+        )
     metrics.errors.labels("internal").inc()
     log.exception("internal error", exc_info=exc)
     await ctx.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
@@ -80,7 +82,7 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         return data
 
     @_unary
-    async def CreateWriter(  # noqa: N802 - gRPC method names
+    async def CreateWriter(
         self, request: pb.CreateWriterRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateWriterResponse:
         wl = self.registry.create_writer(
@@ -94,7 +96,7 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         )
 
     @_unary
-    async def Append(  # noqa: N802
+    async def Append(
         self, request: pb.AppendRequest, context: grpc.aio.ServicerContext
     ) -> pb.AppendResponse:
         batches = [
@@ -106,33 +108,33 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         return pb.AppendResponse(sqn=sqn)
 
     @_unary
-    async def LastAppendedSqn(  # noqa: N802
+    async def LastAppendedSqn(
         self, request: pb.LastAppendedSqnRequest, context: grpc.aio.ServicerContext
     ) -> pb.SqnResponse:
         return pb.SqnResponse(sqn=self.registry.last_appended_sqn(request.log_id))
 
     @_unary
-    async def PersistDurably(  # noqa: N802
+    async def PersistDurably(
         self, request: pb.PersistRequest, context: grpc.aio.ServicerContext
     ) -> pb.PersistResponse:
         handle = await self.registry.persist(request.log_id, request.after)
         return pb.PersistResponse(handle=handle.to_proto())
 
     @_unary
-    async def Truncate(  # noqa: N802
+    async def Truncate(
         self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext
     ) -> pb.TruncateResponse:
         self.registry.truncate(request.log_id, request.before)
         return pb.TruncateResponse()
 
     @_unary
-    async def CloseWriter(  # noqa: N802
+    async def CloseWriter(
         self, request: pb.CloseWriterRequest, context: grpc.aio.ServicerContext
     ) -> pb.CloseWriterResponse:
         self.registry.close_writer(request.log_id)
         return pb.CloseWriterResponse()
 
-    async def ReadChanges(  # noqa: N802
+    async def ReadChanges(
         self, request: pb.ReadChangesRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ReadChangesResponse]:
         self.metrics.reads.inc()
@@ -154,7 +156,7 @@ class ChangelogService(pb_grpc.ChangelogServicer):
             await _abort(context, exc, self.metrics)
 
     @_unary
-    async def DiscardObjects(  # noqa: N802
+    async def DiscardObjects(
         self, request: pb.DiscardObjectsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DiscardObjectsResponse:
         check_job_id(request.job_id)

@@ -67,9 +67,7 @@ class ServerSettings:
         64 * MiB, "Largest gRPC message accepted (one append batch).", unit="bytes"
     )
     max_concurrent_uploads: int = _setting(4, "Objects uploaded at the same time.")
-    upload_timeout_s: float = _setting(
-        10.0, "Deadline of one upload attempt.", unit="s"
-    )
+    upload_timeout_s: float = _setting(10.0, "Deadline of one upload attempt.", unit="s")
     upload_max_attempts: int = _setting(3, "Attempts per upload, the first included.")
     upload_retry_base_delay_ms: float = _setting(
         100.0, "First backoff delay between attempts (exponential, jittered).", unit="ms"

@@ -77,10 +77,15 @@ class ServerProcess:
         self.root.mkdir(parents=True, exist_ok=True)
         self.storage = storage or f"file://{self.root.resolve() / 'objects'}"
         self.args = [
-            sys.executable, "-m", "dstl_server",
-            "--listen", listen,
-            "--storage", self.storage,
-            "--metrics-port", "0",
+            sys.executable,
+            "-m",
+            "dstl_server",
+            "--listen",
+            listen,
+            "--storage",
+            self.storage,
+            "--metrics-port",
+            "0",
             *(["--unix-socket", unix_socket] if unix_socket else []),
             *extra_args,
         ]
@@ -109,9 +114,7 @@ class ServerProcess:
         t.join(self.start_timeout_s)
         if not line or not line[0].startswith("READY"):
             self.kill()
-            raise RuntimeError(
-                f"dstl-server did not start: {self.stderr_path.read_text()[-2000:]}"
-            )
+            raise RuntimeError(f"dstl-server did not start: {self.stderr_path.read_text()[-2000:]}")
         fields = dict(part.split("=", 1) for part in line[0].split()[1:])
         self.address = fields["grpc"]
         self.metrics_port = int(fields["metrics_port"]) if fields["metrics_port"] != "None" else 0

@@ -56,14 +56,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         files = generate(Path(tmp))
     if ns.check:
-        stale = [n for n, b in files.items() if not (OUT / n).exists() or (OUT / n).read_bytes() != b]
+        stale = [
+            n for n, b in files.items() if not (OUT / n).exists() or (OUT / n).read_bytes() != b
+        ]
         if stale:
             print(f"generated code is stale: {', '.join(stale)}; run `make proto`", file=sys.stderr)
             return 1
         print("generated code is up to date")
         return 0
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "__init__.py").write_text('"""Generated gRPC/protobuf code (make proto). Do not edit."""\n')
+    (OUT / "__init__.py").write_text(
+        '"""Generated gRPC/protobuf code (make proto). Do not edit."""\n'
+    )
     for name, data in files.items():
         (OUT / name).write_bytes(data)
     print(f"wrote {len(files)} files to {OUT.relative_to(ROOT)}")

@@ -22,8 +22,9 @@ def open_store(url: str, **options: object) -> BlobStore:
         return LocalBlobStore(parsed.path, fsync=bool(options.get("fsync", True)))
     if parsed.scheme == "s3":
         try:
-            from dstl_server.storage.s3 import S3BlobStore
+            from dstl_server.storage.s3 import S3BlobStore  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:  # pragma: no cover - the S3 store ships with the package
             raise ConfigError(f"S3 storage is not available: {exc}") from exc
-        return S3BlobStore.from_url(url, **options)  # type: ignore[arg-type]
+        store: BlobStore = S3BlobStore.from_url(url, **options)
+        return store
     raise ConfigError(f"unsupported storage URL {url!r}: use file:///path or s3://bucket/prefix")

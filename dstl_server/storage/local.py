@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -58,10 +60,8 @@ class LocalBlobStore(BlobStore):
                 finally:
                     os.close(dfd)
         except OSError as exc:
-            try:
+            with contextlib.suppress(OSError, UnboundLocalError):
                 tmp.unlink(missing_ok=True)
-            except (OSError, UnboundLocalError):
-                pass
             raise StorageError(f"write {path}: {exc}", retryable=True) from exc
 
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
@@ -83,7 +83,7 @@ class LocalBlobStore(BlobStore):
         return await asyncio.to_thread(self._delete, paths)
 
     @staticmethod
-    def _delete(paths: list[Path]) -> int:
+    def _delete(paths: builtins.list[Path]) -> int:
         n = 0
         for p in paths:
             try:
@@ -99,8 +99,8 @@ class LocalBlobStore(BlobStore):
         for info in await asyncio.to_thread(self._list, prefix):
             yield info
 
-    def _list(self, prefix: str) -> list[BlobInfo]:
-        out: list[BlobInfo] = []
+    def _list(self, prefix: str) -> builtins.list[BlobInfo]:
+        out: builtins.list[BlobInfo] = []
         # Walk only the directory the prefix is in, not the whole root.
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = self.root / base if base else self.root

@@ -1,0 +1,1 @@
+"""Load generator and benchmarks for dstl (make bench)."""
