@@ -48,7 +48,7 @@ class DstlServer:
         self.settings = settings
         self.metrics = ServerMetrics()
         self.epoch = uuid.uuid4().hex
-        self.store = store or open_store(settings.storage, fsync=settings.fsync)
+        self.store = store or open_store(settings.storage, settings)
         self.uploader = uploader or RetryingUploader(
             self.store,
             UploadPolicy(

@@ -72,6 +72,31 @@ class ServerSettings:
     upload_retry_base_delay_ms: float = _setting(
         100.0, "First backoff delay between attempts (exponential, jittered).", unit="ms"
     )
+    upload_deadline_s: float = _setting(
+        30.0, "Total deadline of one upload, every attempt and hedge included.", unit="s"
+    )
+    hedge_mode: str = _setting(
+        "adaptive",
+        "Request hedging: 'adaptive' (delay = a quantile of recent upload latencies), "
+        "'fixed' (hedge_delay_ms) or 'off'.",
+    )
+    hedge_delay_ms: float = _setting(500.0, "Hedge delay when hedge_mode is 'fixed'.", unit="ms")
+    hedge_quantile: float = _setting(
+        0.95, "Latency quantile used as the adaptive hedge delay (0-1)."
+    )
+    hedge_min_delay_ms: float = _setting(50.0, "Floor of the adaptive hedge delay.", unit="ms")
+    hedge_max_delay_ms: float = _setting(2000.0, "Ceiling of the adaptive hedge delay.", unit="ms")
+    hedge_budget_fraction: float = _setting(
+        0.05, "Hedges allowed as a fraction of uploads in the sliding window (0-1)."
+    )
+    hedge_budget_window_s: float = _setting(60.0, "Sliding window of the hedge budget.", unit="s")
+    s3_endpoint_url: str = _setting(
+        "", "S3 endpoint URL (empty: AWS default for the region). E.g. http://127.0.0.1:8333"
+    )
+    s3_region: str = _setting("", "S3 region (empty: the AWS credential chain's default).")
+    s3_verify_tls: bool = _setting(True, "Verify the S3 endpoint's TLS certificate.")
+    s3_ca_bundle: str = _setting("", "PEM CA bundle to verify the S3 endpoint with.")
+    s3_max_connections: int = _setting(32, "Size of the S3 connection pool.")
     max_writers: int = _setting(10_000, "Writers registered at the same time.")
     auth_token: str = _setting(
         "", "Shared token callers must send as 'authorization: Bearer <token>' (empty: none)."
@@ -129,6 +154,23 @@ class ServerSettings:
             raise bad("batch_size_threshold", "must not exceed max_in_flight_bytes")
         if self.max_change_bytes + 64 * KiB > self.max_request_bytes:
             raise bad("max_change_bytes", "must leave 64 KiB of room below max_request_bytes")
+        if self.hedge_mode not in ("adaptive", "fixed", "off"):
+            raise bad("hedge_mode", "expected adaptive, fixed or off")
+        for name in ("hedge_quantile", "hedge_budget_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise bad(name, "must be between 0 and 1")
+        for name in (
+            "hedge_delay_ms",
+            "hedge_min_delay_ms",
+            "upload_deadline_s",
+            "hedge_budget_window_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise bad(name, "must be > 0")
+        if self.hedge_max_delay_ms < self.hedge_min_delay_ms:
+            raise bad("hedge_max_delay_ms", "must be >= hedge_min_delay_ms")
+        if self.s3_max_connections <= 0:
+            raise bad("s3_max_connections", "must be > 0")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise bad("log_level", "expected DEBUG, INFO, WARNING, ERROR or CRITICAL")
 
