@@ -53,6 +53,9 @@ class Uploader(abc.ABC):
     async def upload(self, job_id: str, data: bytes) -> str:
         """Store ``data`` as a new object of ``job_id``; raise on final failure."""
 
+    async def close(self, timeout_s: float = 30.0) -> None:  # noqa: B027 - optional hook
+        """Finish background work (deleting losing attempts) within ``timeout_s``."""
+
 
 def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, TimeoutError) or (isinstance(exc, StorageError) and exc.retryable)
@@ -122,5 +125,8 @@ def _as_storage_error(exc: BaseException, attempts: int) -> DstlError:
     if isinstance(exc, TimeoutError):
         return TransientStorageError(f"upload timed out after {attempts} attempt(s)")
     if isinstance(exc, DstlError):
-        return type(exc)(f"{exc.message} (after {attempts} attempt(s))")
+        new = type(exc)(f"{exc.message} (after {attempts} attempt(s))")
+        if isinstance(exc, StorageError) and isinstance(new, StorageError):
+            new.retryable = exc.retryable
+        return new
     return StorageError(f"upload failed after {attempts} attempt(s): {exc!r}")

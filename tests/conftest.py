@@ -23,3 +23,6 @@ def server_process(tmp_path: Path) -> Iterator[ServerProcess]:
     """A real dstl-server process on a free loopback port."""
     with ServerProcess(tmp_path / "proc") as proc:
         yield proc
+
+
+pytest_plugins = ["tests.s3_fixtures"]

