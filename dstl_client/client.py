@@ -155,6 +155,8 @@ class ChangelogWriter:
         self.job_id = job_id
         self.log_id = log_id
         self.key_group_range = key_group_range
+        #: largest single change the sidecar accepts
+        self.max_change_bytes = max_change_bytes
         self._buffer = ChangeBuffer(key_group_range, max_change_bytes)
         self._lock = threading.Lock()
         self._closed = False

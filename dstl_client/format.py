@@ -153,9 +153,11 @@ def encode_log_section(
         raise ValueError("a log section needs at least one changeset")
     first_sqn = changesets[0].sqn
     by_kg: dict[int, list[Changeset]] = {}
+    prev_sqn = first_sqn - 1
     for cs in changesets:
-        if cs.sqn >= end_sqn or cs.sqn < first_sqn:
+        if cs.sqn >= end_sqn or cs.sqn <= prev_sqn:
             raise ValueError("changesets must be ordered by SQN and below end_sqn")
+        prev_sqn = cs.sqn
         for kg in cs.groups:
             by_kg.setdefault(kg, []).append(cs)
     kgs = sorted(by_kg)
@@ -345,7 +347,11 @@ def parse_object(data: bytes | memoryview) -> ObjectIndex:
     if version != FORMAT_VERSION:
         raise CorruptObject(f"unsupported object format version {version}")
     flen, tmagic = _TRAILER.unpack_from(mv, len(mv) - _TRAILER.size)
-    if tmagic != FOOTER_MAGIC or flen + _TRAILER.size + OBJECT_HEADER_SIZE > len(mv):
+    if (
+        tmagic != FOOTER_MAGIC
+        or flen < 8  # n_logs + crc32c
+        or flen + _TRAILER.size + OBJECT_HEADER_SIZE > len(mv)
+    ):
         raise CorruptObject("object trailer missing or truncated")
     fstart = len(mv) - _TRAILER.size - flen
     footer = mv[fstart : fstart + flen]

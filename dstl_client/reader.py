@@ -54,9 +54,15 @@ class HandleReader:
         for entry in handle.entries:
             if entry.end_sqn <= handle.from_sqn or entry.first_sqn >= handle.to_sqn:
                 continue
-            async for view in self._read_entry(handle, entry, wanted):
-                if handle.from_sqn <= view.sqn < handle.to_sqn:
-                    yield view
+            try:
+                async for view in self._read_entry(handle, entry, wanted):
+                    if handle.from_sqn <= view.sqn < handle.to_sqn:
+                        yield view
+            except CorruptObject as exc:
+                if entry.object_key in exc.message:
+                    raise
+                # Name the damaged object: the format parsers only know offsets.
+                raise CorruptObject(f"{entry.object_key}@{entry.offset}: {exc.message}") from exc
 
     async def _read_entry(
         self, handle: ChangelogHandle, entry: HandleEntry, wanted: set[int] | None

@@ -16,14 +16,19 @@ from prometheus_client import start_http_server
 
 from dstl_client._pb import dstl_pb2
 from dstl_server.auth import TokenAuthInterceptor
+from dstl_server.hedging import make_uploader
 from dstl_server.metrics import ServerMetrics
 from dstl_server.registry import LogRegistry
 from dstl_server.service import ChangelogService, register
 from dstl_server.settings import ServerSettings
 from dstl_server.storage import BlobStore, open_store
-from dstl_server.uploader import RetryingUploader, Uploader, UploadPolicy
+from dstl_server.uploader import Uploader
 
 log = logging.getLogger(__name__)
+
+
+def loop_time() -> float:
+    return asyncio.get_running_loop().time()
 
 SERVICE_NAME = dstl_pb2.DESCRIPTOR.services_by_name["Changelog"].full_name
 
@@ -49,15 +54,8 @@ class DstlServer:
         self.metrics = ServerMetrics()
         self.epoch = uuid.uuid4().hex
         self.store = store or open_store(settings.storage, settings)
-        self.uploader = uploader or RetryingUploader(
-            self.store,
-            UploadPolicy(
-                attempt_timeout_s=settings.upload_timeout_s,
-                max_attempts=settings.upload_max_attempts,
-                retry_base_delay_s=settings.upload_retry_base_delay_ms / 1000.0,
-            ),
-            self.metrics,
-        )
+        # HedgingUploader unless hedge_mode is 'off' (then RetryingUploader).
+        self.uploader = uploader or make_uploader(self.store, settings, self.metrics)
         self.registry = LogRegistry(settings, self.uploader, self.metrics)
         self.service = ChangelogService(self.registry, self.store, self.metrics, self.epoch)
         self.health = health.aio.HealthServicer()
@@ -90,13 +88,16 @@ class DstlServer:
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         if s.listen:
-            if s.tls_cert:
-                creds = grpc.ssl_server_credentials(
-                    [(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())]
-                )
-                self.port = server.add_secure_port(s.listen, creds)
-            else:
-                self.port = server.add_insecure_port(s.listen)
+            try:
+                if s.tls_cert:
+                    creds = grpc.ssl_server_credentials(
+                        [(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())]
+                    )
+                    self.port = server.add_secure_port(s.listen, creds)
+                else:
+                    self.port = server.add_insecure_port(s.listen)
+            except RuntimeError as exc:  # grpc reports a failed bind this way
+                raise OSError(f"cannot listen on {s.listen} (in use or not available)") from exc
             if not self.port:
                 raise OSError(f"cannot listen on {s.listen}")
         if s.unix_socket:
@@ -104,15 +105,24 @@ class DstlServer:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.is_socket():
                 path.unlink()  # stale socket of a previous run
-            server.add_insecure_port(f"unix://{path}")
+            try:
+                server.add_insecure_port(f"unix://{path}")
+            except RuntimeError as exc:
+                raise OSError(f"cannot listen on unix socket {path}") from exc
         await server.start()
         if s.unix_socket:
             os.chmod(s.unix_socket, 0o660)
         self._grpc = server
         if s.metrics_port >= 0:
-            httpd, _thread = start_http_server(
-                s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry
-            )
+            try:
+                httpd, _thread = start_http_server(
+                    s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry
+                )
+            except OSError as exc:
+                await server.stop(None)
+                raise OSError(
+                    f"cannot serve metrics on {s.metrics_host}:{s.metrics_port}: {exc.strerror}"
+                ) from exc
             self._metrics_http = httpd
             self.metrics_port = httpd.server_address[1]
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -132,17 +142,24 @@ class DstlServer:
         self._stopped.set()
         await self.health.enter_graceful_shutdown()
         grace = self.settings.shutdown_grace_s
-        # grpc stops accepting calls at once but lets running ones (persists
-        # waiting for uploads) finish; meanwhile the registry flushes its queues.
-        stopping = asyncio.ensure_future(self._grpc.stop(grace)) if self._grpc else None
+        deadline = loop_time() + grace
+        # New Changelog calls get ShuttingDown; running ones (persists waiting
+        # for uploads) go on while the registry flushes its queues.
+        self.service.stop_accepting()
         drained = await self.registry.drain(grace)
         if not drained:
             log.warning("shutdown: uploads still running after %.1fs grace", grace)
-        if stopping is not None:
-            await stopping
+        if not await self.service.wait_idle(max(0.0, deadline - loop_time())):
+            log.warning("shutdown: calls still running after %.1fs grace", grace)
+        # Only long-lived streams (health Watch) can be left: cut them now
+        # instead of holding the exit for the whole grace period.
+        if self._grpc is not None:
+            await self._grpc.stop(0.5)
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
+        # losing hedged/failed attempts are deleted before the store goes away
+        await self.uploader.close(grace)
         await self.store.close()
         if self.settings.unix_socket:
             Path(self.settings.unix_socket).unlink(missing_ok=True)

@@ -18,7 +18,7 @@ OBJECT_SUFFIX = ".dstl"
 
 
 def check_job_id(job_id: str) -> str:
-    if not _JOB_ID.match(job_id):
+    if not _JOB_ID.fullmatch(job_id):  # not match: "$" accepts a trailing newline
         raise InvalidArgument(
             f"bad job id {job_id!r}: 1-128 characters of letters, digits, '.', '_', '-'"
         )

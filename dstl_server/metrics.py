@@ -99,6 +99,32 @@ class ServerMetrics:
             "dstl_hedges_won", "Uploads whose winning attempt was a hedge", registry=r
         )
         self.hedge_delay = Gauge("dstl_hedge_delay_seconds", "Hedge delay in force", registry=r)
+        self.hedges_skipped_budget = Counter(
+            "dstl_hedges_skipped_budget",
+            "Hedges not started because the hedge budget was spent",
+            registry=r,
+        )
+        self.upload_failures = Counter(
+            "dstl_upload_failures",
+            "Uploads that failed for good, by kind of the last error ('deadline' for the deadline)",
+            ["kind"],
+            registry=r,
+        )
+        self.upload_deadline_exceeded = Counter(
+            "dstl_upload_deadline_exceeded",
+            "Uploads that failed because their total deadline passed",
+            registry=r,
+        )
+        self.attempts_discarded = Counter(
+            "dstl_upload_attempts_discarded",
+            "Objects of losing or failed upload attempts deleted",
+            registry=r,
+        )
+        self.discard_failures = Counter(
+            "dstl_upload_discard_failures",
+            "Losing attempts whose object could not be deleted (left to the cleaner)",
+            registry=r,
+        )
         self.preemptive_uploads = Counter(
             "dstl_preemptive_uploads",
             "Writer uploads started before any persist asked",

@@ -138,6 +138,7 @@ class LogRegistry:
             wl.check_open()
         for kg, packed in batches:
             wl.append(kg, packed)
+        sqn = wl.active_sqn  # before a pre-emptive upload closes the changeset
         self.metrics.appended_bytes.inc(nbytes)
         self.metrics.appended_changes.inc(count)
         self.metrics.append_requests.inc()
@@ -145,7 +146,7 @@ class LogRegistry:
         threshold = self.settings.preemptive_persist_threshold
         if threshold and wl.active_bytes >= threshold:
             self._upload_preemptively(wl)
-        return wl.active_sqn
+        return sqn
 
     def last_appended_sqn(self, log_id: str) -> int:
         wl = self.get(log_id)

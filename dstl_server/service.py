@@ -8,6 +8,7 @@ client raises the same class. Anything else is logged and becomes INTERNAL.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,7 +18,7 @@ import grpc
 
 from dstl_client._pb import dstl_pb2 as pb
 from dstl_client._pb import dstl_pb2_grpc as pb_grpc
-from dstl_client.errors import DstlError, InvalidArgument
+from dstl_client.errors import DstlError, InvalidArgument, ShuttingDown
 from dstl_client.format import PackedChanges
 from dstl_client.handle import ChangelogHandle
 from dstl_client.reader import HandleReader
@@ -56,10 +57,17 @@ def _unary(
     @functools.wraps(fn)
     async def wrapper(self: ChangelogService, req: Req, ctx: grpc.aio.ServicerContext) -> Resp:
         try:
+            self._enter()
+        except ShuttingDown as exc:
+            await _abort(ctx, exc, self.metrics)
+            raise
+        try:
             return await fn(self, req, ctx)
         except Exception as exc:
             await _abort(ctx, exc, self.metrics)
             raise  # unreachable: abort raises
+        finally:
+            self._leave()
 
     return wrapper
 
@@ -75,6 +83,34 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         self.metrics = metrics
         self.epoch = epoch
         self.reader = HandleReader(self._fetch)
+        self._accepting = True
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ------------------------------------------------------------ draining
+    def _enter(self) -> None:
+        if not self._accepting:
+            raise ShuttingDown("the sidecar is shutting down")
+        self._in_flight += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+
+    def stop_accepting(self) -> None:
+        """Refuse new calls with ShuttingDown; running ones go on."""
+        self._accepting = False
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no Changelog call is running; False on timeout."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     async def _fetch(self, key: str, offset: int, length: int) -> bytes:
         data = await self.store.get(key, offset, length)
@@ -139,6 +175,11 @@ class ChangelogService(pb_grpc.ChangelogServicer):
     ) -> AsyncIterator[pb.ReadChangesResponse]:
         self.metrics.reads.inc()
         try:
+            self._enter()
+        except ShuttingDown as exc:
+            await _abort(context, exc, self.metrics)
+            raise
+        try:
             handle = ChangelogHandle.from_proto(request.handle)
             check_job_id(handle.job_id)
             for key in handle.object_keys:
@@ -154,6 +195,8 @@ class ChangelogService(pb_grpc.ChangelogServicer):
                 )
         except Exception as exc:
             await _abort(context, exc, self.metrics)
+        finally:
+            self._leave()
 
     @_unary
     async def DiscardObjects(

@@ -10,6 +10,7 @@ setting.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -177,7 +178,12 @@ class ServerSettings:
     @staticmethod
     def is_loopback(host: str) -> bool:
         host = host.strip("[]")
-        return host in ("localhost", "::1") or host.startswith("127.")
+        if host == "localhost":
+            return True
+        try:  # an IP literal; a name like "127.example.com" is not loopback
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
 
     # --------------------------------------------------------------- sources
     def replace(self, **changes: Any) -> ServerSettings:
@@ -200,7 +206,9 @@ class ServerSettings:
         values: dict[str, Any] = {}
         for f in fields(cls):
             raw = env.get(env_name(f.name))
-            if raw is not None and raw != "":
+            # An empty string is a value for text settings (DSTL_LISTEN= serves on the
+            # Unix socket only); for numbers and flags it means "not set".
+            if raw is not None and (raw != "" or type(f.default) is str):
                 values[f.name] = _parse(f.name, raw, type(f.default))
         for k, v in (overrides or {}).items():
             if v is not None:

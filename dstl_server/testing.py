@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -42,6 +43,24 @@ def test_settings(root: str | Path, **overrides: Any) -> ServerSettings:
     }
     values.update(overrides)
     return ServerSettings(**values)
+
+
+def scrape_metrics(port: int, host: str = "127.0.0.1", timeout_s: float = 5.0) -> dict[str, float]:
+    """Every sample of a sidecar's ``/metrics`` endpoint, keyed like the exposition.
+
+    Unlabelled samples are keyed by name (``dstl_appended_bytes_total``),
+    labelled ones by name and sorted labels (``dstl_uploads_total{result="ok"}``).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout_s) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
 
 
 @asynccontextmanager
@@ -120,6 +139,12 @@ class ServerProcess:
         self.metrics_port = int(fields["metrics_port"]) if fields["metrics_port"] != "None" else 0
         self.epoch = fields["epoch"]
         return self
+
+    def scrape_metrics(self) -> dict[str, float]:
+        """The process's metrics (see :func:`scrape_metrics`); needs the metrics port."""
+        if not self.metrics_port:
+            raise RuntimeError("the metrics endpoint is disabled")
+        return scrape_metrics(self.metrics_port)
 
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM and wait: the clean shutdown path. Returns the exit code."""

@@ -68,6 +68,8 @@ class RetryingUploader(Uploader):
         self.store = store
         self.policy = policy
         self.metrics = metrics
+        #: deletes of failed attempts still running (referenced so they are not collected)
+        self._cleanup: set[asyncio.Task[None]] = set()
 
     async def upload(self, job_id: str, data: bytes) -> str:
         started = time.perf_counter()
@@ -111,8 +113,15 @@ class RetryingUploader(Uploader):
             kind = "timeout" if isinstance(exc, TimeoutError) else getattr(exc, "kind", "other")
             self.metrics.storage_failures.labels("put", kind).inc()
             # A timed-out or failed put may still have left an object: remove it.
-            asyncio.get_running_loop().create_task(self._discard(key))
+            task = asyncio.get_running_loop().create_task(self._discard(key))
+            self._cleanup.add(task)
+            task.add_done_callback(self._cleanup.discard)
             raise
+
+    async def close(self, timeout_s: float = 30.0) -> None:
+        """Wait, at most ``timeout_s``, for the deletes of failed attempts."""
+        if self._cleanup:
+            await asyncio.wait(list(self._cleanup), timeout=timeout_s)
 
     async def _discard(self, key: str) -> None:
         try:

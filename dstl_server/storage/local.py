@@ -73,7 +73,8 @@ class LocalBlobStore(BlobStore):
             with open(path, "rb") as f:
                 f.seek(offset)
                 return f.read() if length is None else f.read(length)
-        except FileNotFoundError as exc:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            # a directory is a key prefix, not an object (as on S3)
             raise BlobNotFound(f"no object {path.name} at {path.parent}") from exc
         except OSError as exc:
             raise StorageError(f"read {path}: {exc}", retryable=True) from exc
@@ -89,7 +90,7 @@ class LocalBlobStore(BlobStore):
             try:
                 p.unlink()
                 n += 1
-            except FileNotFoundError:
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 pass
             except OSError as exc:
                 raise StorageError(f"delete {p}: {exc}", retryable=True) from exc

@@ -1,0 +1,385 @@
+"""Checkpoint records and task results: what tasks report and what the driver keeps.
+
+A checkpoint is one micro-batch. Its record (JSON, written once, never
+overwritten) says, for the whole keyed operator:
+
+* ``batch_id`` and the ``source_progress`` (Spark's offsets) it covers;
+* ``subtasks``: per subtask its key-group range and the attempt id whose
+  results were committed (tasks compare it with their local store's version);
+* ``kg_map``: per key group the materialized part holding its state and the
+  batch that state is valid through (run-length encoded over key groups);
+  ``parts``: those parts' handles (a part is the snapshot one subtask
+  uploaded at one materialization);
+* ``segments``: the changelog since the materialization, one handle per
+  subtask and batch, with the key-group range of the writer and the batch.
+
+Restoring key group ``kg``: load its rows from ``parts[kg_map[kg].part]``,
+then replay, in batch order, every segment holding ``kg`` whose batch is
+after ``kg_map[kg].batch``. Key groups are the unit, so any parallelism
+restores from any record (rescaling).
+
+Every object a record references (``object_keys``) is counted by the shared
+state registry.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dstl_client.errors import InvalidArgument
+from dstl_client.handle import ChangelogHandle
+from dstl_client.keygroups import KeyGroupRange
+
+RECORD_FORMAT = 1
+NO_BATCH = -1
+
+
+def _h2s(handle: ChangelogHandle) -> str:
+    return base64.b64encode(handle.to_bytes()).decode("ascii")
+
+
+def _s2h(text: str) -> ChangelogHandle:
+    return ChangelogHandle.from_bytes(base64.b64decode(text))
+
+
+@dataclass(frozen=True, slots=True)
+class SubtaskInfo:
+    """One subtask of a committed batch: its range and the committed attempt."""
+
+    index: int
+    first: int
+    last: int
+    attempt: str
+
+    @property
+    def kg_range(self) -> KeyGroupRange:
+        return KeyGroupRange(self.first, self.last)
+
+
+@dataclass(frozen=True, slots=True)
+class MatEntry:
+    """Run of key groups ``first..last`` whose state is ``part`` as of ``batch``.
+
+    ``part`` is ``None`` for key groups without state; ``batch`` is
+    :data:`NO_BATCH` for key groups never materialized.
+    """
+
+    first: int
+    last: int
+    part: str | None
+    batch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """The changelog of one subtask in one batch."""
+
+    batch: int
+    first: int
+    last: int
+    handle: ChangelogHandle
+
+    @property
+    def kg_range(self) -> KeyGroupRange:
+        return KeyGroupRange(self.first, self.last)
+
+
+def expand_kg_map(
+    entries: Sequence[MatEntry], max_parallelism: int
+) -> list[tuple[str | None, int]]:
+    """``[(part, batch)]`` per key group."""
+    out: list[tuple[str | None, int]] = [(None, NO_BATCH)] * max_parallelism
+    for e in entries:
+        if not 0 <= e.first <= e.last < max_parallelism:
+            raise InvalidArgument(f"kg_map entry {e} outside [0, {max_parallelism})")
+        for kg in range(e.first, e.last + 1):
+            out[kg] = (e.part, e.batch)
+    return out
+
+
+def compress_kg_map(per_kg: Sequence[tuple[str | None, int]]) -> list[MatEntry]:
+    """Inverse of :func:`expand_kg_map` (runs of equal entries), skipping empty runs."""
+    out: list[MatEntry] = []
+    start = 0
+    for kg in range(1, len(per_kg) + 1):
+        if kg == len(per_kg) or per_kg[kg] != per_kg[start]:
+            part, batch = per_kg[start]
+            if part is not None or batch != NO_BATCH:
+                out.append(MatEntry(start, kg - 1, part, batch))
+            start = kg
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord:
+    """A completed checkpoint (see the module docstring)."""
+
+    job_id: str
+    operator_id: str
+    batch_id: int
+    max_parallelism: int
+    parallelism: int
+    subtasks: tuple[SubtaskInfo, ...]
+    kg_map: tuple[MatEntry, ...] = ()
+    parts: dict[str, ChangelogHandle] = field(default_factory=dict)
+    segments: tuple[Segment, ...] = ()
+    source_progress: Any = None
+    created_unix: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------ queries
+    def object_keys(self) -> set[str]:
+        """Every object this checkpoint needs (the registry's keys)."""
+        keys: set[str] = set()
+        for h in self.parts.values():
+            keys.update(h.object_keys)
+        for s in self.segments:
+            keys.update(s.handle.object_keys)
+        return keys
+
+    def subtask_for(self, kg_range: KeyGroupRange) -> SubtaskInfo | None:
+        """The subtask with exactly this range, if the parallelism is unchanged."""
+        for s in self.subtasks:
+            if s.first == kg_range.first and s.last == kg_range.last:
+                return s
+        return None
+
+    def mat_per_kg(self) -> list[tuple[str | None, int]]:
+        return expand_kg_map(self.kg_map, self.max_parallelism)
+
+    def for_tasks(self) -> CheckpointRecord:
+        """A copy without what tasks do not need (sent in every batch's closure)."""
+        return CheckpointRecord(
+            self.job_id,
+            self.operator_id,
+            self.batch_id,
+            self.max_parallelism,
+            self.parallelism,
+            self.subtasks,
+            self.kg_map,
+            self.parts,
+            self.segments,
+        )
+
+    # -------------------------------------------------------------- codec
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": RECORD_FORMAT,
+            "job_id": self.job_id,
+            "operator_id": self.operator_id,
+            "batch_id": self.batch_id,
+            "created_unix": self.created_unix,
+            "max_parallelism": self.max_parallelism,
+            "parallelism": self.parallelism,
+            "source_progress": self.source_progress,
+            "subtasks": [[s.index, s.first, s.last, s.attempt] for s in self.subtasks],
+            "kg_map": [[e.first, e.last, e.part, e.batch] for e in self.kg_map],
+            "parts": {pid: _h2s(h) for pid, h in sorted(self.parts.items())},
+            "segments": [[s.batch, s.first, s.last, _h2s(s.handle)] for s in self.segments],
+            "stats": self.stats,
+        }
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json(), indent=1, sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> CheckpointRecord:
+        if doc.get("format") != RECORD_FORMAT:
+            raise InvalidArgument(f"unsupported checkpoint record format {doc.get('format')!r}")
+        return cls(
+            job_id=doc["job_id"],
+            operator_id=doc["operator_id"],
+            batch_id=int(doc["batch_id"]),
+            max_parallelism=int(doc["max_parallelism"]),
+            parallelism=int(doc["parallelism"]),
+            subtasks=tuple(
+                SubtaskInfo(int(i), int(f), int(la), a) for i, f, la, a in doc["subtasks"]
+            ),
+            kg_map=tuple(MatEntry(int(f), int(la), p, int(b)) for f, la, p, b in doc["kg_map"]),
+            parts={pid: _s2h(h) for pid, h in doc["parts"].items()},
+            segments=tuple(
+                Segment(int(b), int(f), int(la), _s2h(h)) for b, f, la, h in doc["segments"]
+            ),
+            source_progress=doc.get("source_progress"),
+            created_unix=float(doc.get("created_unix", 0.0)),
+            stats=dict(doc.get("stats") or {}),
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> CheckpointRecord:
+        try:
+            doc = json.loads(data)
+        except ValueError as exc:
+            raise InvalidArgument(f"checkpoint record is not JSON: {exc}") from None
+        return cls.from_json(doc)
+
+
+@dataclass(frozen=True, slots=True)
+class MatResult:
+    """What one subtask materialized: its state as of ``batch``.
+
+    ``uploaded`` key groups are in ``part``; ``cleared`` ones changed and are
+    now empty; the others of the range did not change and are re-referenced.
+    """
+
+    batch: int
+    part: ChangelogHandle | None
+    uploaded: tuple[int, ...]
+    cleared: tuple[int, ...]
+    full: bool = False
+
+    @property
+    def part_id(self) -> str | None:
+        return None if self.part is None else self.part.log_id
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    """What one subtask reports for one batch (travels as JSON bytes)."""
+
+    index: int
+    first: int
+    last: int
+    batch_id: int
+    attempt: str
+    changelog: ChangelogHandle | None
+    mat: MatResult | None = None
+    mat_error: str = ""
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kg_range(self) -> KeyGroupRange:
+        return KeyGroupRange(self.first, self.last)
+
+    def object_keys(self) -> set[str]:
+        keys: set[str] = set()
+        if self.changelog is not None:
+            keys.update(self.changelog.object_keys)
+        if self.mat is not None and self.mat.part is not None:
+            keys.update(self.mat.part.object_keys)
+        return keys
+
+    def to_bytes(self) -> bytes:
+        mat = None
+        if self.mat is not None:
+            m = self.mat
+            mat = {
+                "batch": m.batch,
+                "part": None if m.part is None else _h2s(m.part),
+                "uploaded": list(m.uploaded),
+                "cleared": list(m.cleared),
+                "full": m.full,
+            }
+        doc = {
+            "index": self.index,
+            "first": self.first,
+            "last": self.last,
+            "batch_id": self.batch_id,
+            "attempt": self.attempt,
+            "changelog": None if self.changelog is None else _h2s(self.changelog),
+            "mat": mat,
+            "mat_error": self.mat_error,
+            "stats": self.stats,
+        }
+        return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TaskResult:
+        try:
+            doc = json.loads(data)
+        except ValueError as exc:
+            raise InvalidArgument(f"task result is not JSON: {exc}") from None
+        m = doc.get("mat")
+        mat = None
+        if m is not None:
+            mat = MatResult(
+                int(m["batch"]),
+                None if m["part"] is None else _s2h(m["part"]),
+                tuple(m["uploaded"]),
+                tuple(m["cleared"]),
+                bool(m.get("full", False)),
+            )
+        return cls(
+            index=int(doc["index"]),
+            first=int(doc["first"]),
+            last=int(doc["last"]),
+            batch_id=int(doc["batch_id"]),
+            attempt=str(doc["attempt"]),
+            changelog=None if doc["changelog"] is None else _s2h(doc["changelog"]),
+            mat=mat,
+            mat_error=str(doc.get("mat_error") or ""),
+            stats=dict(doc.get("stats") or {}),
+        )
+
+
+def next_record(
+    prev: CheckpointRecord | None,
+    *,
+    job_id: str,
+    operator_id: str,
+    batch_id: int,
+    max_parallelism: int,
+    parallelism: int,
+    results: Iterable[TaskResult],
+    source_progress: Any = None,
+    created_unix: float = 0.0,
+    stats: dict[str, Any] | None = None,
+) -> CheckpointRecord:
+    """The record of ``batch_id``: ``prev`` plus the batch's task results.
+
+    Materializations move key groups to new parts (uploaded), to nothing
+    (cleared) or re-reference their part as of the new batch (unchanged);
+    segments every key group of which is covered by a materialization taken at
+    or after their batch are dropped, and so are parts no key group uses.
+    """
+    per_kg: list[tuple[str | None, int]] = (
+        prev.mat_per_kg() if prev is not None else [(None, NO_BATCH)] * max_parallelism
+    )
+    if prev is not None and prev.max_parallelism != max_parallelism:
+        raise InvalidArgument(
+            f"max_parallelism changed from {prev.max_parallelism} to {max_parallelism}: "
+            "it is fixed when a job is created"
+        )
+    parts = dict(prev.parts) if prev is not None else {}
+    segments = list(prev.segments) if prev is not None else []
+    subtasks: list[SubtaskInfo] = []
+    for r in sorted(results, key=lambda r: r.index):
+        subtasks.append(SubtaskInfo(r.index, r.first, r.last, r.attempt))
+        if r.mat is not None:
+            m = r.mat
+            uploaded = set(m.uploaded)
+            cleared = set(m.cleared)
+            pid = m.part_id
+            if pid is not None and m.part is not None:
+                parts[pid] = m.part
+            for kg in range(r.first, r.last + 1):
+                if kg in uploaded:
+                    per_kg[kg] = (pid, m.batch)
+                elif kg in cleared:
+                    per_kg[kg] = (None, m.batch)
+                else:
+                    per_kg[kg] = (per_kg[kg][0], m.batch)
+        if r.changelog is not None:
+            segments.append(Segment(batch_id, r.first, r.last, r.changelog))
+    kept = [
+        s for s in segments if any(per_kg[kg][1] < s.batch for kg in range(s.first, s.last + 1))
+    ]
+    used = {p for p, _ in per_kg if p is not None}
+    return CheckpointRecord(
+        job_id=job_id,
+        operator_id=operator_id,
+        batch_id=batch_id,
+        max_parallelism=max_parallelism,
+        parallelism=parallelism,
+        subtasks=tuple(subtasks),
+        kg_map=tuple(compress_kg_map(per_kg)),
+        parts={pid: h for pid, h in parts.items() if pid in used},
+        segments=tuple(sorted(kept, key=lambda s: (s.batch, s.first))),
+        source_progress=source_progress,
+        created_unix=created_unix,
+        stats=dict(stats or {}),
+    )

@@ -1,0 +1,118 @@
+"""Encoding of state keys and of the changes logged to the DSTL.
+
+A state row is addressed by ``(key_group, k)`` where ``k`` is
+
+    k      := prefix suffix
+    prefix := varint(len(name)) name varint(len(key)) key
+
+``name`` is the state's name (UTF-8), ``key`` the current key's bytes and
+``suffix`` the serialized map key for :class:`MapState` entries (empty for the
+other kinds). The prefix is self-delimiting, so the entries of one map are one
+contiguous range of ``k``.
+
+A change (one DSTL record) is
+
+    PUT          0x01 varint(len(k)) k value
+    DELETE       0x02 k
+    DELETE_PREFIX 0x03 prefix          (a whole map)
+    LIST_APPEND  0x04 varint(len(k)) k elements   (elements as in a list value)
+
+A list value is its elements back to back, each ``varint(len) bytes``, so an
+append is a byte concatenation. Snapshots (materialized state) are PUT records
+too, so one decoder serves the changelog and the snapshots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from dstl_client.errors import CorruptObject, InvalidArgument
+from dstl_client.state.serializers import decode_varint, encode_varint
+
+OP_PUT = 1
+OP_DELETE = 2
+OP_DELETE_PREFIX = 3
+OP_LIST_APPEND = 4
+
+_OP_BYTES = {op: bytes((op,)) for op in (OP_PUT, OP_DELETE, OP_DELETE_PREFIX, OP_LIST_APPEND)}
+
+
+def state_prefix(name_bytes: bytes, key: bytes) -> bytes:
+    """The prefix of every row of one state for one key."""
+    return encode_varint(len(name_bytes)) + name_bytes + encode_varint(len(key)) + key
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """Smallest byte string greater than every string starting with ``prefix``."""
+    b = bytearray(prefix)
+    while b:
+        if b[-1] != 0xFF:
+            b[-1] += 1
+            return bytes(b)
+        b.pop()
+    return None
+
+
+def encode_put(k: bytes, value: bytes) -> bytes:
+    return b"\x01" + encode_varint(len(k)) + k + value
+
+
+def encode_delete(k: bytes) -> bytes:
+    return b"\x02" + k
+
+
+def encode_delete_prefix(prefix: bytes) -> bytes:
+    return b"\x03" + prefix
+
+
+def encode_list_append(k: bytes, elements: bytes) -> bytes:
+    return b"\x04" + encode_varint(len(k)) + k + elements
+
+
+def decode_change(data: bytes) -> tuple[int, bytes, bytes]:
+    """``(op, k_or_prefix, value_or_elements)``; raises :class:`CorruptObject`."""
+    if not data:
+        raise CorruptObject("empty state change")
+    op = data[0]
+    try:
+        if op in (OP_PUT, OP_LIST_APPEND):
+            n, pos = decode_varint(data, 1)
+            if pos + n > len(data):
+                raise CorruptObject("state change key runs past its end")
+            return op, data[pos : pos + n], data[pos + n :]
+    except InvalidArgument as exc:
+        raise CorruptObject(f"bad state change: {exc}") from None
+    if op in (OP_DELETE, OP_DELETE_PREFIX):
+        return op, data[1:], b""
+    raise CorruptObject(f"unknown state change op {op}")
+
+
+def encode_element(data: bytes) -> bytes:
+    """One list element as stored in a list value."""
+    return encode_varint(len(data)) + data
+
+
+def iter_elements(value: bytes) -> Iterator[bytes]:
+    """The elements of a list value."""
+    pos = 0
+    end = len(value)
+    while pos < end:
+        n, pos = decode_varint(value, pos)
+        if pos + n > end:
+            raise CorruptObject("list element runs past the value's end")
+        yield value[pos : pos + n]
+        pos += n
+
+
+def decode_state_key(k: bytes) -> tuple[str, bytes, bytes]:
+    """``(state name, key bytes, map key bytes)`` of a row key."""
+    try:
+        n, pos = decode_varint(k, 0)
+        name = k[pos : pos + n].decode("utf-8")
+        pos += n
+        m, pos = decode_varint(k, pos)
+    except (InvalidArgument, UnicodeDecodeError) as exc:
+        raise CorruptObject(f"bad state row key: {exc}") from None
+    if pos + m > len(k):
+        raise CorruptObject("state row key runs past its end")
+    return name, k[pos : pos + m], k[pos + m :]

@@ -1,0 +1,374 @@
+"""The node-local keyed store: one SQLite database per key-group range.
+
+Python worker memory is no home for state (tasks take any idle worker, idle
+workers die after 60 s), so the working state of a key-group range lives on
+the node's disk, where any task on the node finds it, and carries the version
+(batch id) it is at.
+
+Layout of one store (a directory ``<state_dir>/<job>/<operator>/kg-<first>-<last>``):
+
+* ``kv``: the state as of ``main_version`` (the last batch known committed).
+* ``delta``: the writes of one later batch (``delta_version``), not yet known
+  to be committed. The next task merges it into ``kv`` when the driver says
+  that batch was committed, or drops it when the batch is re-run. So a batch
+  is applied copy-on-write on top of version N-1, and a retried or re-run
+  batch starts again from N-1.
+* ``kg_changed``: the last batch that changed each key group (for
+  incremental materialization: a key group unchanged since its last
+  materialization is re-referenced, not uploaded).
+* ``segments``: SQN range of each batch in the changelog writer (for
+  truncation).
+* ``meta``: versions, task attempt ids, the changelog writer's log id.
+
+A version is identified by ``(batch id, attempt id)``: the driver records
+the attempt whose results it committed, so a store written by a failed or
+zombie attempt is never mistaken for the committed state.
+
+One task at a time holds a store (an exclusive ``flock`` on its lock file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+from dstl_client.errors import DstlError
+from dstl_client.keygroups import KeyGroupRange
+from dstl_client.state.changes import prefix_end
+
+#: rows per executemany call when bulk writing
+_CHUNK = 10_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (
+    kg INTEGER NOT NULL, k BLOB NOT NULL, v BLOB NOT NULL, PRIMARY KEY (kg, k)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS delta (
+    kg INTEGER NOT NULL, k BLOB NOT NULL, v BLOB, PRIMARY KEY (kg, k)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS kg_changed (kg INTEGER PRIMARY KEY, batch INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS segments (
+    batch INTEGER PRIMARY KEY, log_id TEXT NOT NULL, start_sqn INTEGER NOT NULL,
+    end_sqn INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+NO_VERSION = -1
+
+
+class StoreLocked(DstlError):
+    """Another task holds this key-group range's store for too long."""
+
+    kind = "store_locked"
+
+
+def store_dir(
+    state_dir: str | Path, job_id: str, operator_id: str, kg_range: KeyGroupRange
+) -> Path:
+    """Where the store of one key-group range of one operator lives."""
+    return Path(state_dir) / job_id / operator_id / f"kg-{kg_range.first}-{kg_range.last}"
+
+
+class LocalKeyedStore:
+    """One key-group range's state on local disk. Not thread-safe: one task owns it."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        kg_range: KeyGroupRange,
+        *,
+        lock_timeout_s: float = 600.0,
+    ) -> None:
+        self.directory = Path(directory)
+        self.kg_range = kg_range
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock(self.directory / "lock", lock_timeout_s)
+        try:
+            self._db = sqlite3.connect(
+                self.directory / "state.sqlite", isolation_level=None, check_same_thread=False
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # A lost transaction after an OS crash rolls the version back with the
+            # data (both in one transaction), so the next task restores: NORMAL is safe.
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA cache_size=-65536")
+            self._db.executescript(_SCHEMA)
+            self._meta: dict[str, str] = dict(
+                self._db.execute("SELECT name, value FROM meta").fetchall()
+            )
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._in_tx = False
+
+    # ------------------------------------------------------------------ meta
+    def meta(self, name: str, default: str = "") -> str:
+        return str(self._meta.get(name, default))
+
+    def set_meta(self, **values: str | int) -> None:
+        """Set meta values (inside the current transaction, if one is open)."""
+        rows = [(k, str(v)) for k, v in values.items()]
+        self._db.executemany("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", rows)
+        self._meta.update({k: v for k, v in rows})
+
+    @property
+    def main_version(self) -> tuple[int, str]:
+        return int(self.meta("main_version", str(NO_VERSION))), self.meta("main_attempt")
+
+    @property
+    def delta_version(self) -> tuple[int, str] | None:
+        v = self.meta("delta_version")
+        return (int(v), self.meta("delta_attempt")) if v else None
+
+    # ---------------------------------------------------------- transactions
+    def begin(self) -> None:
+        if not self._in_tx:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._in_tx = True
+
+    def commit(self) -> None:
+        if self._in_tx:
+            self._db.execute("COMMIT")
+            self._in_tx = False
+
+    def rollback(self) -> None:
+        if self._in_tx:
+            self._db.execute("ROLLBACK")
+            self._in_tx = False
+            self._meta = dict(self._db.execute("SELECT name, value FROM meta").fetchall())
+
+    # ------------------------------------------------------------ versions
+    def merge_delta(self) -> None:
+        """Fold the pending batch into ``kv``; it becomes the main version."""
+        dv = self.delta_version
+        if dv is None:
+            return
+        self.begin()
+        db = self._db
+        db.execute(
+            "INSERT OR REPLACE INTO kv (kg, k, v) SELECT kg, k, v FROM delta WHERE v IS NOT NULL"
+        )
+        db.execute("DELETE FROM kv WHERE (kg, k) IN (SELECT kg, k FROM delta WHERE v IS NULL)")
+        db.execute(
+            "INSERT OR REPLACE INTO kg_changed (kg, batch) SELECT DISTINCT kg, ? FROM delta",
+            (dv[0],),
+        )
+        db.execute("DELETE FROM delta")
+        self.set_meta(main_version=dv[0], main_attempt=dv[1], delta_version="", delta_attempt="")
+        self.commit()
+
+    def drop_delta(self) -> None:
+        """Forget the pending batch (it was not committed; it is re-run)."""
+        if self.delta_version is None:
+            return
+        self.begin()
+        self._db.execute("DELETE FROM delta")
+        self.set_meta(delta_version="", delta_attempt="")
+        self.commit()
+
+    def reset(self) -> None:
+        """Empty the store (before a restore)."""
+        self.begin()
+        for table in ("kv", "delta", "kg_changed", "segments"):
+            self._db.execute(f"DELETE FROM {table}")
+        self._db.execute("DELETE FROM meta WHERE name NOT IN ('log_id', 'max_change_bytes')")
+        self._meta = {k: v for k, v in self._meta.items() if k in ("log_id", "max_change_bytes")}
+        self.commit()
+
+    # ----------------------------------------------------------------- reads
+    def get(self, kg: int, k: bytes, with_delta: bool) -> bytes | None:
+        """Value of a row: the delta's (if asked and present) else the main one."""
+        if with_delta:
+            row = self._db.execute("SELECT v FROM delta WHERE kg = ? AND k = ?", (kg, k)).fetchone()
+            if row is not None:
+                return row[0]  # type: ignore[no-any-return]
+        row = self._db.execute("SELECT v FROM kv WHERE kg = ? AND k = ?", (kg, k)).fetchone()
+        return None if row is None else row[0]
+
+    def scan_prefix(self, kg: int, prefix: bytes, with_delta: bool) -> dict[bytes, bytes]:
+        """Every row of ``kg`` whose ``k`` starts with ``prefix`` (delta applied if asked)."""
+        end = prefix_end(prefix)
+        out: dict[bytes, bytes] = {}
+        tables = ("kv", "delta") if with_delta else ("kv",)
+        for table in tables:
+            if end is None:
+                sql = f"SELECT k, v FROM {table} WHERE kg = ? AND k >= ?"
+                args: tuple[object, ...] = (kg, prefix)
+            else:
+                sql = f"SELECT k, v FROM {table} WHERE kg = ? AND k >= ? AND k < ?"
+                args = (kg, prefix, end)
+            for k, v in self._db.execute(sql, args):
+                if v is None:
+                    out.pop(k, None)
+                else:
+                    out[k] = v
+        return out
+
+    def rows_of_key_group(self, kg: int) -> Iterator[tuple[bytes, bytes]]:
+        """Every main row of one key group, in ``k`` order."""
+        yield from self._db.execute("SELECT k, v FROM kv WHERE kg = ? ORDER BY k", (kg,))
+
+    def changed_key_groups(self) -> dict[int, int]:
+        """``{key group: last batch that changed it}`` for the main version."""
+        return dict(self._db.execute("SELECT kg, batch FROM kg_changed").fetchall())
+
+    def segments(self) -> list[tuple[int, str, int, int]]:
+        """``(batch, log id, start SQN, end SQN)`` of logged batches, in batch order."""
+        return list(
+            self._db.execute(
+                "SELECT batch, log_id, start_sqn, end_sqn FROM segments ORDER BY batch"
+            )
+        )
+
+    def size_bytes(self) -> int:
+        """Live bytes of the database (pages in use)."""
+        (pages,) = self._db.execute("PRAGMA page_count").fetchone()
+        (free,) = self._db.execute("PRAGMA freelist_count").fetchone()
+        (size,) = self._db.execute("PRAGMA page_size").fetchone()
+        return int((pages - free) * size)
+
+    def count_rows(self) -> int:
+        (n,) = self._db.execute("SELECT count(*) FROM kv").fetchone()
+        return int(n)
+
+    # ---------------------------------------------------------------- writes
+    def write_delta(self, rows: Iterable[tuple[int, bytes, bytes | None]]) -> None:
+        """Upsert rows into the pending batch (``None`` deletes)."""
+        self.begin()
+        for chunk in _chunks(rows):
+            self._db.executemany("INSERT OR REPLACE INTO delta (kg, k, v) VALUES (?, ?, ?)", chunk)
+
+    def write_main(self, rows: Iterable[tuple[int, bytes, bytes | None]]) -> None:
+        """Upsert or delete rows of the main version directly (restores only)."""
+        self.begin()
+        puts: list[tuple[int, bytes, bytes]] = []
+        dels: list[tuple[int, bytes]] = []
+        for kg, k, v in rows:
+            if v is None:
+                dels.append((kg, k))
+            else:
+                puts.append((kg, k, v))
+            if len(puts) + len(dels) >= _CHUNK:
+                self._flush_main(puts, dels)
+        self._flush_main(puts, dels)
+
+    def _flush_main(
+        self, puts: list[tuple[int, bytes, bytes]], dels: list[tuple[int, bytes]]
+    ) -> None:
+        if puts:
+            self._db.executemany("INSERT OR REPLACE INTO kv (kg, k, v) VALUES (?, ?, ?)", puts)
+            puts.clear()
+        if dels:
+            self._db.executemany("DELETE FROM kv WHERE kg = ? AND k = ?", dels)
+            dels.clear()
+
+    def mark_changed(self, changed: dict[int, int]) -> None:
+        """Set the last-changed batch of key groups."""
+        self.begin()
+        self._db.executemany(
+            "INSERT OR REPLACE INTO kg_changed (kg, batch) VALUES (?, ?)", list(changed.items())
+        )
+
+    def add_segment(self, batch: int, log_id: str, start_sqn: int, end_sqn: int) -> None:
+        self.begin()
+        self._db.execute(
+            "INSERT OR REPLACE INTO segments (batch, log_id, start_sqn, end_sqn) VALUES (?, ?, ?, ?)",
+            (batch, log_id, start_sqn, end_sqn),
+        )
+
+    def prune_segments(self, before_batch: int) -> None:
+        self.begin()
+        self._db.execute("DELETE FROM segments WHERE batch < ?", (before_batch,))
+
+    # --------------------------------------------------------------- closing
+    def close(self) -> None:
+        """Roll back anything uncommitted, close the database, release the lock."""
+        try:
+            with contextlib.suppress(sqlite3.Error):
+                self.rollback()
+            self._db.close()
+        finally:
+            os.close(self._lock_fd)
+
+    def __enter__(self) -> LocalKeyedStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _chunks(
+    rows: Iterable[tuple[int, bytes, bytes | None]],
+) -> Iterator[Sequence[tuple[int, bytes, bytes | None]]]:
+    chunk: list[tuple[int, bytes, bytes | None]] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= _CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _lock(path: Path, timeout_s: float) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
+        if time.monotonic() >= deadline:
+            os.close(fd)
+            raise StoreLocked(f"the state store {path.parent} stayed locked for {timeout_s}s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+def remove_overlapping_stores(
+    operator_dir: Path, kg_range: KeyGroupRange, keep: Path
+) -> list[Path]:
+    """Delete stores of other ranges that overlap ``kg_range`` (stale after a rescale).
+
+    A store another task holds (locked) is left alone. Returns what was removed.
+    """
+    removed: list[Path] = []
+    if not operator_dir.is_dir():
+        return removed
+    for child in operator_dir.iterdir():
+        if child == keep or not child.name.startswith("kg-"):
+            continue
+        try:
+            _, first, last = child.name.split("-")
+            other = KeyGroupRange(int(first), int(last))
+        except (ValueError, DstlError):
+            continue
+        if other.intersection(kg_range) is None:
+            continue
+        try:
+            fd = _lock(child / "lock", 0.0)
+        except (StoreLocked, OSError):
+            continue
+        try:
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def read_all_rows(store: LocalKeyedStore) -> dict[tuple[int, bytes], bytes]:
+    """Every main row of a store: ``{(key group, row key): value}`` (tools and tests)."""
+    return {(kg, k): v for kg, k, v in store._db.execute("SELECT kg, k, v FROM kv")}

@@ -1,0 +1,213 @@
+"""Changelog handles: serialization, invariants, combining."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dstl_client._pb import dstl_pb2 as pb
+from dstl_client.errors import InvalidArgument, InvalidHandle
+from dstl_client.handle import HANDLE_VERSION, ChangelogHandle, HandleEntry
+
+LOG = "0123456789abcdef0123456789abcdef"
+E1 = HandleEntry("job/aa/" + "a" * 32 + ".dstl", 16, 100, 0, 1)
+E2 = HandleEntry("job/bb/" + "b" * 32 + ".dstl", 116, 250, 1, 3)
+E3 = HandleEntry("job/cc/" + "c" * 32 + ".dstl", 16, 42, 3, 4)
+
+
+def handle(
+    from_sqn: int = 0, to_sqn: int = 4, entries: tuple[HandleEntry, ...] = (E1, E2, E3)
+) -> ChangelogHandle:
+    return ChangelogHandle("job", LOG, (0, 127), from_sqn, to_sqn, entries)
+
+
+def test_roundtrip_bytes() -> None:
+    h = handle()
+    blob = h.to_bytes()
+    assert isinstance(blob, bytes)
+    assert ChangelogHandle.from_bytes(blob) == h
+    assert ChangelogHandle.from_bytes(blob).to_bytes() == blob
+    # deterministic: equal handles give equal bytes
+    assert handle().to_bytes() == blob
+
+
+def test_roundtrip_empty_handle() -> None:
+    h = handle(3, 3, ())
+    assert h.is_empty()
+    assert ChangelogHandle.from_bytes(h.to_bytes()) == h
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 1000),
+    st.lists(
+        st.tuples(st.integers(0, 2**40), st.integers(1, 2**31), st.integers(1, 5)), max_size=8
+    ),
+    st.text(min_size=1, max_size=20),
+)
+def test_roundtrip_property(
+    first_kg: int, width: int, raw: list[tuple[int, int, int]], job: str
+) -> None:
+    entries = []
+    sqn = 7
+    for i, (off, length, span) in enumerate(raw):
+        entries.append(HandleEntry(f"{job}/{i:02x}/k", off, length, sqn, sqn + span))
+        sqn += span
+    last_kg = min(first_kg + width, 2**32 - 1)
+    h = ChangelogHandle(job, LOG, (first_kg, last_kg), 7, sqn, tuple(entries))
+    assert ChangelogHandle.from_bytes(h.to_bytes()) == h
+
+
+def test_properties() -> None:
+    h = handle(entries=(E1, E2, dataclasses.replace(E3, object_key=E1.object_key)))
+    assert h.object_keys == (E1.object_key, E2.object_key)
+    assert h.stored_bytes == 100 + 250 + 42
+    assert not h.is_empty()
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [b"\xff\xff\xff", b"\x0a\x05abc", b"\x42" * 10, bytes(range(256))],
+)
+def test_malformed_bytes(blob: bytes) -> None:
+    with pytest.raises(InvalidHandle) as info:
+        ChangelogHandle.from_bytes(blob)
+    # InvalidHandle is an InvalidArgument, so generic bad-input handlers catch it
+    assert isinstance(info.value, InvalidArgument)
+
+
+def test_empty_bytes_have_no_version() -> None:
+    with pytest.raises(InvalidHandle, match="version 0"):
+        ChangelogHandle.from_bytes(b"")
+
+
+def test_unknown_version() -> None:
+    msg = handle().to_proto()
+    msg.format_version = HANDLE_VERSION + 1
+    with pytest.raises(InvalidHandle, match="version"):
+        ChangelogHandle.from_bytes(msg.SerializeToString())
+
+
+def test_truncated_bytes() -> None:
+    blob = handle().to_bytes()
+    failures = 0
+    for n in range(1, len(blob)):
+        try:
+            ChangelogHandle.from_bytes(blob[:n])
+        except InvalidHandle:
+            failures += 1
+    # a protobuf prefix may still decode (fields are optional), but most cut points
+    # fall inside a field; none may raise anything but InvalidHandle
+    assert failures > len(blob) // 2
+
+
+def _decoded_with(**fields: object) -> bytes:
+    msg = handle().to_proto()
+    for name, value in fields.items():
+        setattr(msg, name, value)
+    return bytes(msg.SerializeToString())
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"log_id": "not hex at all, but 32 chars...."},
+        {"log_id": "abc"},
+        {"log_id": ""},
+        {"first_key_group": 10, "last_key_group": 5},
+        {"from_sqn": 5, "to_sqn": 4},
+    ],
+)
+def test_inconsistent_decoded_handle(fields: dict[str, object]) -> None:
+    with pytest.raises(InvalidHandle):
+        ChangelogHandle.from_bytes(_decoded_with(**fields))
+
+
+def test_bad_entry_in_bytes() -> None:
+    msg = handle().to_proto()
+    msg.entries.append(pb.HandleEntry(object_key="k", offset=0, length=0, first_sqn=4, end_sqn=5))
+    with pytest.raises(InvalidHandle, match="bad handle entry"):
+        ChangelogHandle.from_bytes(msg.SerializeToString())
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        (E2, E1),  # out of SQN order
+        (E1, dataclasses.replace(E2, first_sqn=0)),  # overlapping SQN ranges
+        (E1, E1),  # the same section twice
+        (dataclasses.replace(E1, object_key=""),),
+        (dataclasses.replace(E1, length=0),),
+        (dataclasses.replace(E1, end_sqn=0),),  # empty SQN range
+        (dataclasses.replace(E1, first_sqn=2, end_sqn=1),),  # inverted
+    ],
+)
+def test_invariants_of_entries(entries: tuple[HandleEntry, ...]) -> None:
+    with pytest.raises(InvalidHandle):
+        handle(entries=entries)
+
+
+@pytest.mark.parametrize(
+    ("kg_range", "log_id", "sqns"),
+    [
+        ((5, 4), LOG, (0, 1)),
+        ((-1, 4), LOG, (0, 1)),
+        ((0, 4), LOG, (2, 1)),
+        ((0, 4), LOG[:-1], (0, 1)),
+        ((0, 4), LOG + "0", (0, 1)),
+        ((0, 4), "g" * 32, (0, 1)),
+    ],
+)
+def test_invariants_of_handle(
+    kg_range: tuple[int, int], log_id: str, sqns: tuple[int, int]
+) -> None:
+    with pytest.raises(InvalidHandle):
+        ChangelogHandle("job", log_id, kg_range, sqns[0], sqns[1], ())
+
+
+def test_entries_may_start_before_the_handle_range() -> None:
+    """A reused section holds older changesets; the handle's from_sqn filters them."""
+    h = handle(from_sqn=2, to_sqn=4, entries=(E2, E3))
+    assert h.entries[0].first_sqn < h.from_sqn
+
+
+# ------------------------------------------------------------------ combine
+
+
+def test_combine_consecutive() -> None:
+    a = handle(0, 1, (E1,))
+    b = handle(1, 3, (E2,))
+    c = handle(3, 4, (E3,))
+    combined = ChangelogHandle.combine([a, b, c])
+    assert combined == handle(0, 4, (E1, E2, E3))
+
+
+def test_combine_shares_reused_entries_once() -> None:
+    a = handle(0, 2, (E1, E2))  # E2 covers [1, 3): reused by the next handle
+    b = handle(2, 4, (E2, E3))
+    combined = ChangelogHandle.combine([a, b])
+    assert combined.entries == (E1, E2, E3)
+    assert (combined.from_sqn, combined.to_sqn) == (0, 4)
+
+
+def test_combine_single_and_empty_handles() -> None:
+    a = handle(0, 1, (E1,))
+    assert ChangelogHandle.combine([a]) == a
+    assert ChangelogHandle.combine([a, handle(1, 1, ())]) == a
+
+
+def test_combine_rejects() -> None:
+    a = handle(0, 1, (E1,))
+    with pytest.raises(InvalidHandle, match="nothing"):
+        ChangelogHandle.combine([])
+    with pytest.raises(InvalidHandle, match="consecutive"):
+        ChangelogHandle.combine([a, handle(3, 4, (E3,))])  # gap
+    with pytest.raises(InvalidHandle, match="consecutive"):
+        ChangelogHandle.combine([handle(1, 3, (E2,)), a])  # wrong order
+    other = ChangelogHandle("job", "f" * 32, (0, 127), 1, 3, (E2,))
+    with pytest.raises(InvalidHandle, match="consecutive"):
+        ChangelogHandle.combine([a, other])  # another writer
