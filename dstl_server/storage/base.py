@@ -10,7 +10,11 @@ Contract (checked by ``tests/dstl_server/storage/contract.py`` for every store):
   raises :class:`BlobNotFound`.
 * ``delete`` of missing keys is not an error; it returns how many existed
   where the store can tell (otherwise how many it was asked to delete).
-* ``list`` yields every key under a prefix with its size, in key order.
+* ``list`` yields every key under a prefix with its size, in key order. A
+  prefix is a string prefix; a "directory" is not an object (``get`` of it
+  raises :class:`BlobNotFound`).
+* Keys are checked with :func:`validate_key`; a bad key raises
+  :class:`~dstl_client.errors.InvalidArgument` from ``put``, ``get`` and ``delete``.
 * Errors are :class:`StorageError` subclasses; ``retryable`` says whether the
   same call may succeed when tried again.
 
