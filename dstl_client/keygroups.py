@@ -142,3 +142,9 @@ def operator_index_sql(key_group_column: str, parallelism: int, max_parallelism:
     """Spark SQL expression of the owning subtask for a key-group column."""
     quoted = "`" + key_group_column.replace("`", "``") + "`"
     return f"CAST(({quoted} * {int(parallelism)}) DIV {int(max_parallelism)} AS INT)"
+
+
+def partition_sql(column: str, parallelism: int, max_parallelism: int) -> str:
+    """Spark SQL expression of the subtask owning the key in ``column`` (an ``INT``)."""
+    kg = key_group_sql(column, max_parallelism)
+    return f"CAST((({kg}) * {int(parallelism)}) DIV {int(max_parallelism)} AS INT)"

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 def loop_time() -> float:
     return asyncio.get_running_loop().time()
 
+
 SERVICE_NAME = dstl_pb2.DESCRIPTOR.services_by_name["Changelog"].full_name
 
 

@@ -34,9 +34,10 @@ One call of :meth:`HedgingUploader.upload` stores one object. The rules:
   than the winner (the slower of a hedged pair, failed attempts, attempts still
   running when the upload fails) therefore runs to its end in the background,
   bounded by its own timeout, and then its key is deleted whatever its outcome
-  (Flink FLINK-26485 ``discardResult``): one batched delete per upload,
-  retried only when one of those attempts is known to have stored its object
-  (so a store that refuses everything is not asked again and again). :meth:`HedgingUploader.close` waits
+  (Flink FLINK-26485 ``discardResult``). Keys to delete are batched over
+  ``discard_batch_delay_s`` into one DeleteObjects request, retried only when
+  one of those attempts is known to have stored its object (so a store that
+  refuses everything is not asked again and again). :meth:`HedgingUploader.close` waits
   for these discards; the sidecar calls it before closing the store.
 
 Everything here runs on the sidecar's event loop.
@@ -45,6 +46,7 @@ Everything here runs on the sidecar's event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -59,7 +61,7 @@ from dstl_server.keys import new_object_key
 from dstl_server.metrics import ServerMetrics, size_class
 from dstl_server.settings import ServerSettings
 from dstl_server.storage.base import BlobStore
-from dstl_server.uploader import RetryingUploader, Uploader, UploadPolicy
+from dstl_server.uploader import RetryingUploader, Uploader, UploadPolicy, release_frames
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,8 @@ class HedgingPolicy:
     min_samples: int = 20
     #: attempts at deleting a losing attempt's object
     discard_attempts: int = 3
+    #: losing attempts' keys wait this long to be deleted together (one request)
+    discard_batch_delay_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mode not in HEDGE_MODES:
@@ -282,6 +286,10 @@ class HedgingUploader(Uploader):
         self.latencies = LatencyTracker(policy.latency_window, policy.min_samples)
         self.budget = HedgeBudget(policy.budget_fraction, policy.budget_window_s, clock)
         self._discards: set[asyncio.Task[None]] = set()
+        self._doomed: list[str] = []  # keys of ended losing attempts, to delete
+        self._doomed_landed = False  # one of them is known to have stored its object
+        self._deleter: asyncio.Task[None] | None = None
+        self._flush_now = asyncio.Event()
         self._wait = wait_random_exponential(
             multiplier=policy.retry_base_delay_s, max=policy.retry_max_delay_s
         )
@@ -448,6 +456,7 @@ class HedgingUploader(Uploader):
             raise
         except BaseException as exc:
             self.metrics.storage_failures.labels("put", _kind(exc)).inc()
+            release_frames(exc)
             raise
         # Losers that finish late are recorded too: they are real store latencies.
         self.latencies.record(len(data), loop.time() - started)
@@ -461,33 +470,45 @@ class HedgingUploader(Uploader):
         task.add_done_callback(self._discards.discard)
 
     async def _discard(self, attempts: list[_Attempt]) -> None:
-        """Wait for the attempts to end, then delete their keys in one request.
-
-        The delete is retried (backoff) when one of the attempts is known to
-        have stored its object. When all of them failed, most likely nothing
-        landed, so one try is enough: a store in trouble is not asked again
-        and again (anything left is the orphan cleaner's).
-        """
+        """Wait for the attempts to end, then queue their keys for a batched delete."""
         tasks = {a.task for a in attempts}
         try:
             await asyncio.wait(tasks)
         except asyncio.CancelledError:  # close() gave up waiting: stop them, still delete
             for t in tasks:
                 t.cancel()
-        landed = False
-        for t in tasks:
-            if t.done() and not t.cancelled() and t.exception() is None:
-                landed = True
-        keys = [a.key for a in attempts]
+        landed = any(t.done() and not t.cancelled() and t.exception() is None for t in tasks)
+        self._doomed.extend(a.key for a in attempts)
+        self._doomed_landed = self._doomed_landed or landed
+        if self._deleter is None:
+            self._deleter = asyncio.get_running_loop().create_task(self._delete_batch())
+            self._discards.add(self._deleter)
+            self._deleter.add_done_callback(self._discards.discard)
+
+    async def _delete_batch(self) -> None:
+        """After ``discard_batch_delay_s`` (at once when closing), delete the queued keys.
+
+        One request for the losers of many uploads (hedging costs one PUT per
+        hedge plus a fraction of a delete). Retried with backoff when one of
+        the attempts is known to have stored its object; when all of them
+        failed, most likely nothing landed, so one try is enough and a store
+        in trouble is not asked again and again (leftovers are the orphan
+        cleaner's).
+        """
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._flush_now.wait(), self.policy.discard_batch_delay_s)
+        keys, landed = self._doomed, self._doomed_landed
+        self._doomed, self._doomed_landed, self._deleter = [], False, None
         tries = self.policy.discard_attempts if landed else 1
         for n in range(1, tries + 1):
             try:
                 await asyncio.wait_for(self.store.delete(keys), self.policy.attempt_timeout_s)
             except Exception as exc:
+                release_frames(exc)
                 self.metrics.storage_failures.labels("delete", _kind(exc)).inc()
                 if n == tries or not _retryable(exc):
                     self.metrics.discard_failures.inc(len(keys))
-                    log.warning("could not delete losing attempt(s) %s: %s", keys, exc)
+                    log.warning("could not delete %d losing attempt(s): %s", len(keys), exc)
                     return
                 await asyncio.sleep(self.backoff(n))
             else:
@@ -496,19 +517,29 @@ class HedgingUploader(Uploader):
 
     @property
     def pending_discards(self) -> int:
-        """Uploads whose losing attempts are not yet deleted (running or being deleted)."""
+        """Discard tasks still running (attempts to wait for, batches to delete)."""
         return len(self._discards)
 
     async def close(self, timeout_s: float = 30.0) -> None:
         """Wait up to ``timeout_s`` for losing attempts to end and be deleted.
 
-        Past the timeout the remaining ones are cancelled (their deletes are
-        then tried once more, briefly).
+        Queued deletes go out at once. Past the timeout the remaining
+        attempts are cancelled and their deletes tried once more, briefly.
         """
-        if not self._discards:
+        self._flush_now.set()
+        loop = asyncio.get_running_loop()
+        if await self._wait_discards(loop.time() + timeout_s):
             return
-        _, pending = await asyncio.wait(set(self._discards), timeout=timeout_s)
-        for task in pending:
+        for task in list(self._discards):
             task.cancel()
-        if pending:
-            await asyncio.wait(pending, timeout=min(5.0, self.policy.attempt_timeout_s))
+        await self._wait_discards(loop.time() + min(5.0, self.policy.attempt_timeout_s))
+
+    async def _wait_discards(self, until: float) -> bool:
+        """Wait for every discard task, also those started meanwhile; True if none is left."""
+        loop = asyncio.get_running_loop()
+        while self._discards:
+            left = until - loop.time()
+            if left <= 0:
+                return False
+            await asyncio.wait(set(self._discards), timeout=left)
+        return True

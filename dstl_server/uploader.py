@@ -18,6 +18,7 @@ import abc
 import asyncio
 import logging
 import time
+import traceback
 from dataclasses import dataclass
 
 from tenacity import (
@@ -55,6 +56,27 @@ class Uploader(abc.ABC):
 
     async def close(self, timeout_s: float = 30.0) -> None:  # noqa: B027 - optional hook
         """Finish background work (deleting losing attempts) within ``timeout_s``."""
+
+
+def release_frames(exc: BaseException) -> None:
+    """Clear the finished frames of ``exc``'s tracebacks (and of its causes).
+
+    Client libraries keep the exception they raise in a local of a frame on
+    its own traceback (botocore's retry loop does), a reference cycle that
+    also holds the request, body included, until the cyclic GC runs. With
+    objects of megabytes and a store failing every request, that is hundreds
+    of MB. Only the message and type of a failed attempt are needed.
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.__traceback__ is not None:
+            traceback.clear_frames(e.__traceback__)
+        todo += (e.__cause__, e.__context__)
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -112,6 +134,7 @@ class RetryingUploader(Uploader):
         except BaseException as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else getattr(exc, "kind", "other")
             self.metrics.storage_failures.labels("put", kind).inc()
+            release_frames(exc)
             # A timed-out or failed put may still have left an object: remove it.
             task = asyncio.get_running_loop().create_task(self._discard(key))
             self._cleanup.add(task)

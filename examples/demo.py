@@ -337,8 +337,9 @@ def main(argv: list[str] | None = None) -> int:
             f"({len(latencies_ms)} persists)"
         )
         print(
-            f"  recovery             {handles} handles read back after a sidecar restart: "
-            f"{changes_ok:,} changes, state of every writer rebuilt at every checkpoint"
+            f"  recovery             {handles} handles read back after a sidecar restart "
+            f"({changes_ok:,} changes compared, every appended change at least once); "
+            "every writer's state rebuilt from snapshot + changelog at every checkpoint"
         )
         print(f"  time                 {time.monotonic() - t_start:.1f}s")
         print(

@@ -221,6 +221,8 @@ class Bench:
                     p.join(10)
             results.close()
         errors = [r.error for r in out if r.error]
+        # the root cause first: the others mostly failed at a barrier it broke
+        errors.sort(key=lambda e: "BrokenBarrierError" in e)
         if errors:
             raise BenchError(f"{len(errors)} writer(s) failed; first: {errors[0]}")
         return sorted(out, key=lambda r: r.writer)
@@ -254,18 +256,16 @@ class Bench:
             duration_s=cfg.duration_s,
             checkpoint_interval_s=cfg.checkpoint_interval_s,
         )
-        before, cpu0, t0 = self._scrape(), self._cpu_s(), time.monotonic()
+        before = self._scrape()
         results = self._run_writers(
             self._plans(base, writers, cfg.processes), cfg.duration_s + 2 * WAIT_TIMEOUT_S
         )
-        delta, cpu_s, wall = (
-            self._scrape().minus(before),
-            self._cpu_s() - cpu0,
-            time.monotonic() - t0,
-        )
+        delta = self._scrape().minus(before)
         started = min(r.started for r in results)
         finished = max(r.finished for r in results)
         seconds = finished - started
+        cpu_cores = self.rss.cpu_cores(started, finished)
+        client_cores = sum(r.process_cpu_s for r in results) / seconds
         changes = sum(r.changes for r in results)
         payload = sum(r.payload_bytes for r in results)
         uploads = delta.total("dstl_uploads_total", result="ok")
@@ -308,10 +308,13 @@ class Bench:
             "upload_bytes": int(upload_bytes),
             "mean_object_bytes": int(mean_object),
             "backpressure_waits": int(delta.total("dstl_backpressure_waits_total")),
-            # CPU the server used over the phase (process start-up of the writers included)
-            "server_cpu_s": round(cpu_s, 3),
-            "server_cpu_cores": round(cpu_s / wall, 3),
-            "server_cpu_us_per_change": round(cpu_s / changes * 1e6, 3) if changes else 0.0,
+            # CPU the server used while the writers appended (sampled with RSS)
+            "server_cpu_cores": round(cpu_cores, 3),
+            "server_cpu_us_per_change": round(cpu_cores * seconds / changes * 1e6, 3)
+            if changes
+            else 0.0,
+            # CPU the writer processes used (client library, gRPC, the load loop)
+            "writers_cpu_cores": round(client_cores, 3),
             "persist_under_load_ms": _percentiles(_histogram(results)),
             "rss": {
                 "peak_bytes": max(rss, default=0),
@@ -590,19 +593,21 @@ def format_report(report: dict[str, Any]) -> str:
         "",
         "Append (batched, pre-emptive uploads on; MB = 10^6 bytes of change payload)",
         f"  {'run':<8}{'writers':>8}{'change':>9}{'changes/s':>13}{'MB/s':>9}"
-        f"{'store MB/s':>12}{'ratio':>7}{'objects':>9}{'peak RSS':>10}{'srv CPU':>9}",
+        f"{'store MB/s':>12}{'ratio':>7}{'objects':>9}{'peak RSS':>10}{'srv CPU':>9}"
+        f"{'wrt CPU':>9}",
     ]
     for a in report["append"]:
         lines.append(
             f"  {a['name']:<8}{a['writers']:>8}{a['change_bytes']:>8}B{a['changes_per_s']:>13,.0f}"
             f"{a['mb_per_s']:>9,.1f}{a['baseline']['mb_per_s']:>12,.1f}{a['ratio_to_store']:>7.2f}"
             f"{a['uploads']:>9}{a['rss']['peak_bytes'] / MiB:>7,.0f}MiB"
-            f"{a['server_cpu_cores']:>9.2f}"
+            f"{a['server_cpu_cores']:>9.2f}{a['writers_cpu_cores']:>9.2f}"
         )
     lines += [
         "  (ratio = bytes stored per second through the service / the same bytes put straight "
         "into the store;",
-        "   srv CPU = cores the server process used; the writers share the same cores)",
+        "   srv CPU / wrt CPU = cores the server / the writer processes used, on the same "
+        f"{report['machine']['cpus']} cores)",
         "",
         "Checkpoints (all writers persist together; latency in ms, client side)",
         f"  {'writers':>7}{'p50':>8}{'p99':>8}{'p99.9':>8}{'put p50':>9}{'put p99':>9}"

@@ -56,15 +56,15 @@ def scrape(metrics_port: int, host: str = "127.0.0.1", timeout_s: float = 10.0) 
 
 @dataclass(slots=True)
 class RssSampler:
-    """Samples a process's resident set size every ``interval_s`` in a thread.
+    """Samples a process's resident set size and CPU time every ``interval_s``.
 
-    ``samples`` holds ``(time.monotonic(), rss_bytes)``; bounded by the run
-    time over the interval (a 10-minute run at 0.1 s is 6,000 pairs).
+    ``samples`` holds ``(time.monotonic(), rss_bytes, cpu_seconds)``; bounded
+    by the run time over the interval (a 10-minute run at 0.1 s is 6,000).
     """
 
     pid: int
     interval_s: float = 0.1
-    samples: list[tuple[float, int]] = field(default_factory=list)
+    samples: list[tuple[float, int, float]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -74,7 +74,10 @@ class RssSampler:
         def run() -> None:
             while not self._stop.is_set():
                 try:
-                    self.samples.append((time.monotonic(), int(proc.memory_info().rss)))
+                    with proc.oneshot():
+                        cpu = proc.cpu_times()
+                        rss = int(proc.memory_info().rss)
+                    self.samples.append((time.monotonic(), rss, cpu.user + cpu.system))
                 except psutil.Error:
                     return  # the server went away; the bench notices elsewhere
                 self._stop.wait(self.interval_s)
@@ -90,10 +93,17 @@ class RssSampler:
 
     def window(self, start: float, end: float) -> list[int]:
         """RSS values sampled in ``[start, end]``."""
-        return [rss for t, rss in list(self.samples) if start <= t <= end]
+        return [rss for t, rss, _ in list(self.samples) if start <= t <= end]
+
+    def cpu_cores(self, start: float, end: float) -> float:
+        """Average CPU cores the process used between the samples inside ``[start, end]``."""
+        inside = [(t, cpu) for t, _, cpu in list(self.samples) if start <= t <= end]
+        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+            return 0.0
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
     def peak(self) -> int:
-        return max((rss for _, rss in list(self.samples)), default=0)
+        return max((rss for _, rss, _ in list(self.samples)), default=0)
 
 
 @contextmanager

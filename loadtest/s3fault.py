@@ -44,6 +44,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -334,10 +335,7 @@ class S3FaultProxy:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()
-        server = site._server  # aiohttp keeps the asyncio server here
-        assert server is not None
-        sockets = getattr(server, "sockets", None) or ()
-        self.port = sockets[0].getsockname()[1]
+        self.port = int(self._runner.addresses[0][1])
         return self
 
     async def stop(self) -> None:
@@ -516,6 +514,7 @@ class FaultProxyProcess:
         self._initial = initial
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
+        self._stderr: Any = None
 
     def start(self) -> FaultProxyProcess:
         args = [
@@ -531,10 +530,12 @@ class FaultProxyProcess:
         ]
         if self.seed is not None:
             args += ["--seed", str(self.seed)]
+        # stderr goes to a file: a pipe nobody reads would stall a chatty proxy
+        self._stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             args,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self._stderr,
             stdin=subprocess.DEVNULL,
             text=True,
         )
@@ -548,10 +549,9 @@ class FaultProxyProcess:
         reader.start()
         reader.join(self.start_timeout_s)
         if not line or not line[0].startswith("READY "):
-            err = ""
+            self._stderr.seek(0)
+            err = self._stderr.read()[-2000:]
             self.stop()
-            if self.proc is not None and self.proc.stderr is not None:
-                err = self.proc.stderr.read()[-2000:]
             raise RuntimeError(f"fault proxy did not start: {err}")
         self.url = dict(p.split("=", 1) for p in line[0].split()[1:])["url"]
         return self
@@ -584,7 +584,11 @@ class FaultProxyProcess:
         return result
 
     def stop(self) -> None:
+        """SIGTERM (SIGKILL after 10 s) and reap; idempotent."""
         if self.proc is None:
+            if self._stderr is not None:
+                self._stderr.close()
+                self._stderr = None
             return
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -593,17 +597,17 @@ class FaultProxyProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        for stream in (self.proc.stdout,):
-            if stream is not None:
-                stream.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
 
     def __enter__(self) -> FaultProxyProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-        if self.proc is not None and self.proc.stderr is not None:
-            self.proc.stderr.close()
 
 
 # ------------------------------------------------------------------ CLI

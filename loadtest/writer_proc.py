@@ -75,6 +75,9 @@ class WriterResult:
     round_objects: list[str] = field(default_factory=list)
     #: rounds mode: per round, when persist_durably was called (time.monotonic())
     round_calls: list[float] = field(default_factory=list)
+    #: CPU seconds of the whole writer process from the start time on (set on
+    #: the process's first writer only, 0 on the others)
+    process_cpu_s: float = 0.0
     error: str | None = None
 
 
@@ -177,7 +180,7 @@ def _writer_thread(
     client: ChangelogClient,
     index: int,
     sync: tuple[Any, Any, Any],
-    results: Any,
+    results: list[WriterResult],
 ) -> None:
     ready, origin, round_barrier = sync
     res = WriterResult(writer=index)
@@ -198,7 +201,7 @@ def _writer_thread(
         for b in (ready, round_barrier):
             if b is not None:
                 b.abort()
-    results.put(res)
+    results.append(res)
 
 
 def process_main(
@@ -209,8 +212,10 @@ def process_main(
     ``ready`` is a barrier of every writer plus the parent; ``origin`` a shared
     double the parent sets to the common start time (``time.monotonic()``)
     once everyone is ready; ``round_barrier`` (rounds mode) a barrier of every
-    writer; ``results`` the queue for :class:`WriterResult`.
+    writer; ``results`` the queue for :class:`WriterResult` (every writer's
+    result is put there once all writers of the process are done).
     """
+    done: list[WriterResult] = []  # list.append is atomic: the writer threads share it
     with ChangelogClient(plan.target, batch_bytes=plan.batch_bytes) as client:
         try:
             client.wait_ready(30)
@@ -227,7 +232,7 @@ def process_main(
                     client,
                     plan.first_writer + i,
                     (ready, origin, round_barrier),
-                    results,
+                    done,
                 ),
                 name=f"writer-{plan.first_writer + i}",
                 daemon=True,
@@ -236,5 +241,20 @@ def process_main(
         ]
         for t in threads:
             t.start()
+        cpu0 = time.process_time()
+        deadline = time.monotonic() + WAIT_TIMEOUT_S
+        while (
+            origin.value <= 0 and time.monotonic() < deadline and any(t.is_alive() for t in threads)
+        ):
+            time.sleep(0.001)
+        if origin.value > 0:
+            time.sleep(max(0.0, origin.value - time.monotonic()))
+            cpu0 = time.process_time()
         for t in threads:
             t.join()
+        cpu = time.process_time() - cpu0
+    done.sort(key=lambda r: r.writer)
+    if done:
+        done[0].process_cpu_s = cpu
+    for res in done:
+        results.put(res)

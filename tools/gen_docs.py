@@ -54,7 +54,7 @@ def render(text: str) -> str:
         )
         if not pattern.search(text):
             raise SystemExit(f"README.md lacks the GENERATED {marker} markers")
-        text = pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
     return text
 
 

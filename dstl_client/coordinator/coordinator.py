@@ -421,6 +421,7 @@ class CheckpointCoordinator:
             "restored_subtasks": sum(1 for r in results if r.stats.get("restored")),
             "restore_max_s": round(peak("restore_s"), 4),
             "mat_errors": [r.mat_error for r in results if r.mat_error][:3],
+            "max_task_attempt": int(peak("task_attempt")),
         }
 
     # -------------------------------------------------------------- discard

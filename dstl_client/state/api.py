@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 from dstl_client.errors import InvalidArgument
 from dstl_client.state.backend import KeyedStateBackend
-from dstl_client.state.changes import encode_element, iter_elements, state_prefix
+from dstl_client.state.changes import encode_element, iter_elements, map_prefix, state_prefix
 from dstl_client.state.serializers import Serializer
 
 V = TypeVar("V")
@@ -116,6 +116,9 @@ class MapState(_State, Generic[K, V]):
         super().__init__(backend, name)
         self._kser = key_serializer
         self._vser = value_serializer
+
+    def _prefix(self) -> bytes:
+        return map_prefix(self._name, self._backend.current_key_bytes)
 
     def get(self, key: K) -> V | None:
         data = self._backend.get(self._prefix() + self._kser.dumps(key))

@@ -28,6 +28,7 @@ from dstl_client.state.changes import (
     encode_delete_prefix,
     encode_list_append,
     encode_put,
+    map_prefix_of,
 )
 from dstl_client.state.store import LocalKeyedStore
 
@@ -59,8 +60,6 @@ class KeyedStateBackend:
         self._dirty: set[tuple[int, bytes]] = set()
         # members of the maps read or written in this task, by (kg, prefix)
         self._maps: dict[tuple[int, bytes], set[bytes]] = {}
-        # entries written to maps not loaded yet, by (kg, prefix)
-        self._map_writes: dict[tuple[int, bytes], set[bytes]] = {}
         self._spilled = False
         self.current_key: object = None
         self.current_key_bytes = b""
@@ -106,22 +105,21 @@ class KeyedStateBackend:
         return v
 
     def map_members(self, prefix: bytes) -> set[bytes]:
-        """Row keys of the map at ``prefix`` for the current key (loaded on first use)."""
+        """Row keys of the map at ``prefix`` for the current key (loaded on first use).
+
+        Dirty rows are written to the store first, so one scan sees every entry.
+        """
         mk = (self.current_kg, prefix)
         members = self._maps.get(mk)
         if members is not None:
             return members
+        if self._dirty:
+            self._write_dirty()
+            self._spilled = True
         rows = self.store.scan_prefix(mk[0], prefix, self._with_delta)
-        members = set(rows)
         for k, v in rows.items():
             self._cache.setdefault((mk[0], k), v)
-        # entries written before the map was first loaded: the cache (or the
-        # spilled delta, which the scan read) has their latest value
-        for k in self._map_writes.pop(mk, ()):
-            if self.get(k) is None:
-                members.discard(k)
-            else:
-                members.add(k)
+        members = set(rows)
         self._maps[mk] = members
         return members
 
@@ -149,14 +147,12 @@ class KeyedStateBackend:
         self._set(k, None)
 
     def _map_write(self, prefix: bytes, k: bytes, present: bool) -> None:
-        mk = (self.current_kg, prefix)
-        members = self._maps.get(mk)
-        if members is None:
-            self._map_writes.setdefault(mk, set()).add(k)
-        elif present:
-            members.add(k)
-        else:
-            members.discard(k)
+        members = self._maps.get((self.current_kg, prefix))
+        if members is not None:
+            if present:
+                members.add(k)
+            else:
+                members.discard(k)
 
     def map_put(self, prefix: bytes, k: bytes, v: bytes) -> None:
         self._map_write(prefix, k, True)
@@ -182,10 +178,14 @@ class KeyedStateBackend:
         """Apply one logged change of key group ``kg`` locally (a replay)."""
         op, k, value = decode_change(change)
         self.current_kg = kg
-        if op == OP_PUT:
-            self.put(k, value)
-        elif op == OP_DELETE:
-            self.delete(k)
+        if op in (OP_PUT, OP_DELETE):
+            map_prefix = map_prefix_of(k)
+            if map_prefix is None:
+                self.put(k, value) if op == OP_PUT else self.delete(k)
+            elif op == OP_PUT:
+                self.map_put(map_prefix, k, value)
+            else:
+                self.map_delete(map_prefix, k)
         elif op == OP_DELETE_PREFIX:
             self.delete_prefix(k)
         elif op == OP_LIST_APPEND:

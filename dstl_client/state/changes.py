@@ -6,9 +6,10 @@ A state row is addressed by ``(key_group, k)`` where ``k`` is
     prefix := varint(len(name)) name varint(len(key)) key
 
 ``name`` is the state's name (UTF-8), ``key`` the current key's bytes and
-``suffix`` the serialized map key for :class:`MapState` entries (empty for the
-other kinds). The prefix is self-delimiting, so the entries of one map are one
-contiguous range of ``k``.
+``suffix`` empty for value, list and reducing states; a :class:`MapState`
+entry's suffix is ``0x00`` followed by the serialized map key, so a map's
+entries are the contiguous range of ``k`` starting with ``prefix 0x00`` (the
+*map prefix*), and a replay tells map entries from other rows.
 
 A change (one DSTL record) is
 
@@ -40,6 +41,27 @@ _OP_BYTES = {op: bytes((op,)) for op in (OP_PUT, OP_DELETE, OP_DELETE_PREFIX, OP
 def state_prefix(name_bytes: bytes, key: bytes) -> bytes:
     """The prefix of every row of one state for one key."""
     return encode_varint(len(name_bytes)) + name_bytes + encode_varint(len(key)) + key
+
+
+MAP_TAG = b"\x00"
+
+
+def map_prefix(name_bytes: bytes, key: bytes) -> bytes:
+    """The prefix of every entry of one map state for one key."""
+    return state_prefix(name_bytes, key) + MAP_TAG
+
+
+def map_prefix_of(k: bytes) -> bytes | None:
+    """The map prefix of a map entry's row key; ``None`` for other rows."""
+    try:
+        n, pos = decode_varint(k, 0)
+        m, pos = decode_varint(k, pos + n)
+    except InvalidArgument as exc:
+        raise CorruptObject(f"bad state row key: {exc}") from None
+    end = pos + m
+    if end >= len(k):
+        return None
+    return k[: end + 1]
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -105,7 +127,7 @@ def iter_elements(value: bytes) -> Iterator[bytes]:
 
 
 def decode_state_key(k: bytes) -> tuple[str, bytes, bytes]:
-    """``(state name, key bytes, map key bytes)`` of a row key."""
+    """``(state name, key bytes, suffix)`` of a row key (suffix: ``0x00`` + map key, or empty)."""
     try:
         n, pos = decode_varint(k, 0)
         name = k[pos : pos + n].decode("utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import zlib
 
 import pytest
@@ -60,12 +61,14 @@ def test_ranges_of_seed_004_example() -> None:
     max_p=st.integers(min_value=1, max_value=4096),
     data=st.data(),
 )
-def test_ranges_partition_and_agree_with_the_operator_index(max_p: int, data: st.DataObject) -> None:
+def test_ranges_partition_and_agree_with_the_operator_index(
+    max_p: int, data: st.DataObject
+) -> None:
     p = data.draw(st.integers(min_value=1, max_value=max_p))
     ranges = all_ranges(p, max_p)
     # contiguous, non-empty, covering [0, max_p) in order
     assert ranges[0].first == 0 and ranges[-1].last == max_p - 1
-    for a, b in zip(ranges, ranges[1:], strict=False):
+    for a, b in itertools.pairwise(ranges):
         assert b.first == a.last + 1
     kg = data.draw(st.integers(min_value=0, max_value=max_p - 1))
     i = operator_index_for_key_group(kg, p, max_p)
@@ -90,7 +93,7 @@ def test_bad_parallelism_is_a_config_error() -> None:
 
 def test_range_helpers() -> None:
     r = KeyGroupRange(4, 9)
-    assert len(r) == 6 and list(r)[0] == 4 and 9 in r and 10 not in r
+    assert len(r) == 6 and next(iter(r)) == 4 and 9 in r and 10 not in r
     assert r.intersection(KeyGroupRange(8, 20)) == KeyGroupRange(8, 9)
     assert r.intersection(KeyGroupRange(10, 20)) is None
     with pytest.raises(InvalidArgument):

@@ -406,3 +406,20 @@ async def test_failed_attempts_are_deleted_in_one_try() -> None:
     assert store.delete_calls == 1
     assert sample(m, "dstl_upload_discard_failures_total") == 3
     assert sample(m, "dstl_storage_failures_total", op="delete", kind="storage_transient") == 1
+
+
+async def test_losers_of_many_uploads_are_deleted_in_one_request() -> None:
+    # three uploads, each first attempt slow (0.15 s) and hedged after 0.02 s
+    store = ScriptedStore(lambda n: (0.15 if n % 2 == 0 else 0.005, None))
+    m = ServerMetrics()
+    up = HedgingUploader(store, policy(fixed_delay_s=0.02, discard_batch_delay_s=0.6), m)
+    keys = [await up.upload("job", DATA) for _ in range(3)]
+    assert keys == store.put_keys[1::2]
+    await asyncio.sleep(0.2)  # every loser has landed; the batch is not due yet
+    assert store.delete_calls == 0 and len(store.objects) == 6
+    await asyncio.sleep(0.8)
+    assert store.delete_calls == 1 and set(store.deleted) == set(store.put_keys[0::2])
+    assert set(store.objects) == set(keys)
+    assert sample(m, "dstl_upload_attempts_discarded_total") == 3
+    await up.close()
+    assert store.delete_calls == 1

@@ -77,12 +77,12 @@ def test_pickle() -> None:
 
 @given(st.integers(), st.text(), st.binary())
 def test_tuple_nests_any_serializers(a: int, b: str, c: bytes) -> None:
-    ser = TupleSerializer(JSON, STR, BYTES)
+    ser: TupleSerializer[Any] = TupleSerializer(JSON, STR, BYTES)
     assert ser.loads(ser.dumps((a, b, c))) == (a, b, c)
 
 
 def test_tuple_rejects_wrong_arity_and_trailing_bytes() -> None:
-    ser = TupleSerializer(STR, STR)
+    ser: TupleSerializer[Any] = TupleSerializer(STR, STR)
     with pytest.raises(InvalidArgument):
         ser.dumps(("a",))
     with pytest.raises(InvalidArgument):
@@ -132,3 +132,15 @@ def test_prefix_end() -> None:
     assert ch.prefix_end(b"ab") == b"ac"
     assert ch.prefix_end(b"a\xff") == b"b"
     assert ch.prefix_end(b"\xff\xff") is None
+
+
+@given(st.text(min_size=1), st.binary(), st.binary())
+def test_map_entries_are_told_from_other_rows(name: str, key: bytes, map_key: bytes) -> None:
+    value_row = ch.state_prefix(name.encode(), key)
+    mp = ch.map_prefix(name.encode(), key)
+    entry = mp + map_key
+    assert ch.map_prefix_of(value_row) is None
+    assert ch.map_prefix_of(entry) == mp
+    assert ch.decode_state_key(entry) == (name, key, b"\x00" + map_key)
+    # a map's entries never sort inside another key's rows
+    assert not entry.startswith(ch.state_prefix(name.encode(), key + b"x"))

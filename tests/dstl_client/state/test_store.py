@@ -31,7 +31,7 @@ def _ctx(store: LocalKeyedStore, **kw: int) -> tuple[KeyedContext, KeyedStateBac
 
 def test_value_list_map_reducing_states(tmp_path: Path) -> None:
     with LocalKeyedStore(tmp_path, FULL) as store:
-        ctx, backend = _ctx(store)
+        ctx, _backend = _ctx(store)
         ctx.set_current_key("alice")
         v = ctx.value_state("v", INT64)
         lst = ctx.list_state("l", STR)
@@ -176,7 +176,9 @@ def test_map_written_before_its_first_scan(tmp_path: Path) -> None:
         assert dict(m.items()) == {"b": 2}
 
 
-def _hold_lock(path: str, started: multiprocessing.synchronize.Event, stop: multiprocessing.synchronize.Event) -> None:
+def _hold_lock(
+    path: str, started: multiprocessing.synchronize.Event, stop: multiprocessing.synchronize.Event
+) -> None:
     with LocalKeyedStore(path, FULL):
         started.set()
         stop.wait(10)

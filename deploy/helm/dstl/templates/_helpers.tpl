@@ -1,0 +1,433 @@
+{{/* Names and labels */}}
+
+{{- define "dstl.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "dstl.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "dstl.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dstl.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "dstl.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "dstl.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "dstl.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "dstl.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "dstl.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Name of the Secret holding the bearer token; empty when auth is off. */}}
+{{- define "dstl.authSecretName" -}}
+{{- if .Values.auth.existingSecret }}
+{{- .Values.auth.existingSecret }}
+{{- else if .Values.auth.token }}
+{{- printf "%s-auth" (include "dstl.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when tcp.bindAddress is a loopback address (as dstl-server decides). */}}
+{{- define "dstl.tcpLoopback" -}}
+{{- $h := trimPrefix "[" (trimSuffix "]" .Values.tcp.bindAddress) }}
+{{- if or (eq $h "localhost") (eq $h "::1") (hasPrefix "127." $h) }}true{{ end }}
+{{- end }}
+
+{{/* DSTL_LISTEN: host:port (IPv6 literals bracketed), empty when TCP is off. */}}
+{{- define "dstl.listen" -}}
+{{- if .Values.tcp.enabled }}
+{{- $h := .Values.tcp.bindAddress }}
+{{- if and (contains ":" $h) (not (hasPrefix "[" $h)) }}
+{{- $h = printf "[%s]" $h }}
+{{- end }}
+{{- printf "%s:%d" $h (int .Values.tcp.port) }}
+{{- end }}
+{{- end }}
+
+{{- define "dstl.socketPath" -}}
+{{- printf "%s/%s" (trimSuffix "/" .Values.unixSocket.dir) .Values.unixSocket.name }}
+{{- end }}
+
+{{/* Local path of a file:// storage URL; empty for s3://. */}}
+{{- define "dstl.filePath" -}}
+{{- if hasPrefix "file://" .Values.storage.url }}
+{{- trimPrefix "file://" .Values.storage.url }}
+{{- end }}
+{{- end }}
+
+{{- define "dstl.terminationGracePeriodSeconds" -}}
+{{- $grace := int (ceil (default 30 .Values.config.shutdownGraceS)) }}
+{{- if kindIs "invalid" .Values.terminationGracePeriodSeconds }}
+{{- add $grace 15 }}
+{{- else }}
+{{- int .Values.terminationGracePeriodSeconds }}
+{{- end }}
+{{- end }}
+
+{{/*
+Checks the values cannot express in values.schema.json; every template
+includes it, so a bad combination fails rendering with one clear message.
+*/}}
+{{- define "dstl.validate" -}}
+{{- if not (or .Values.unixSocket.enabled .Values.tcp.enabled) }}
+{{- fail "dstl: nothing to listen on: enable unixSocket and/or tcp" }}
+{{- end }}
+{{- $secured := or (include "dstl.authSecretName" .) .Values.tls.existingSecret }}
+{{- if and .Values.tcp.enabled (not (include "dstl.tcpLoopback" .)) (not $secured) }}
+{{- fail (printf "dstl: tcp.bindAddress %s is not loopback, so TCP needs a token or TLS: set auth.existingSecret (or auth.token) or tls.existingSecret" .Values.tcp.bindAddress) }}
+{{- end }}
+{{- if and .Values.tls.existingSecret (include "dstl.tcpLoopback" .) (not .Values.unixSocket.enabled) }}
+{{- fail "dstl: a TLS listener on loopback cannot be probed: enable unixSocket" }}
+{{- end }}
+{{- if and .Values.tcp.hostPort (ne .Values.mode "daemonset") }}
+{{- fail "dstl: tcp.hostPort is for mode daemonset only" }}
+{{- end }}
+{{- if and .Values.executorPodTemplate.enabled (eq .Values.mode "daemonset") (not .Values.unixSocket.enabled) (not .Values.tcp.hostPort) }}
+{{- fail "dstl: executors reach the DaemonSet over unixSocket or tcp.hostPort: enable one, or set executorPodTemplate.enabled=false" }}
+{{- end }}
+{{- if and .Values.tcp.hostPort (include "dstl.tcpLoopback" .) }}
+{{- fail "dstl: tcp.hostPort needs a non-loopback tcp.bindAddress" }}
+{{- end }}
+{{- $grace := .Values.config.shutdownGraceS | default 30 | float64 }}
+{{- if le (include "dstl.terminationGracePeriodSeconds" . | float64) $grace }}
+{{- fail (printf "dstl: terminationGracePeriodSeconds must exceed config.shutdownGraceS (%v s), or SIGKILL cuts in-flight uploads" $grace) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Readiness and liveness probes. A kubelet gRPC probe (grpc.health.v1) when TCP
+serves the pod IP in clear text; kubelet gRPC probes speak neither TLS nor Unix
+sockets, so otherwise an exec probe runs the same health check with the image's
+Python over the Unix socket (or the loopback TCP listener). A TLS-only
+listener gets a TCP connect probe.
+*/}}
+{{- define "dstl.probeTarget" -}}
+{{- if and .Values.tcp.enabled (not (include "dstl.tcpLoopback" .)) (not .Values.tls.existingSecret) }}grpc
+{{- else if .Values.unixSocket.enabled }}unix://{{ include "dstl.socketPath" . }}
+{{- else if not .Values.tls.existingSecret }}{{ include "dstl.listen" . }}
+{{- else }}tcpSocket
+{{- end }}
+{{- end }}
+
+{{- define "dstl.probe" -}}
+{{- $root := .root }}
+{{- $target := include "dstl.probeTarget" $root }}
+{{- if eq $target "grpc" }}
+grpc:
+  port: {{ $root.Values.tcp.port }}
+  service: {{ .service | quote }}
+{{- else if eq $target "tcpSocket" }}
+tcpSocket:
+  port: grpc
+{{- else }}
+exec:
+  command:
+    - {{ $root.Values.probes.python }}
+    - -c
+    - >-
+      import sys, grpc;
+      from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g;
+      r = g.HealthStub(grpc.insecure_channel(sys.argv[1])).Check(h.HealthCheckRequest(service=sys.argv[2]), timeout=float(sys.argv[3]));
+      sys.exit(r.status != h.HealthCheckResponse.SERVING)
+    - {{ $target | quote }}
+    - {{ .service | quote }}
+    - {{ max 1 (sub (int .probe.timeoutSeconds) 1) | quote }}
+{{- end }}
+periodSeconds: {{ .probe.periodSeconds }}
+timeoutSeconds: {{ .probe.timeoutSeconds }}
+failureThreshold: {{ .probe.failureThreshold }}
+{{- end }}
+
+{{/* The ConfigMap's data: every DSTL_* variable dstl-server reads from it. */}}
+{{- define "dstl.configData" -}}
+DSTL_LISTEN: {{ include "dstl.listen" . | quote }}
+DSTL_UNIX_SOCKET: {{ ternary (include "dstl.socketPath" .) "" .Values.unixSocket.enabled | quote }}
+DSTL_STORAGE: {{ .Values.storage.url | quote }}
+DSTL_METRICS_PORT: {{ ternary (int .Values.metrics.port) -1 .Values.metrics.enabled | quote }}
+DSTL_METRICS_HOST: "0.0.0.0"
+DSTL_S3_ENDPOINT_URL: {{ .Values.s3.endpointUrl | quote }}
+DSTL_S3_REGION: {{ .Values.s3.region | quote }}
+DSTL_S3_VERIFY_TLS: {{ .Values.s3.verifyTls | quote }}
+{{- if .Values.s3.caBundle.configMap }}
+DSTL_S3_CA_BUNDLE: {{ printf "/etc/dstl/s3-ca/%s" .Values.s3.caBundle.key | quote }}
+{{- end }}
+{{- if .Values.tls.existingSecret }}
+DSTL_TLS_CERT: "/etc/dstl/tls/tls.crt"
+DSTL_TLS_KEY: "/etc/dstl/tls/tls.key"
+{{- end }}
+{{- range $key, $value := .Values.config }}
+{{- if not (kindIs "invalid" $value) }}
+{{ printf "DSTL_%s" (snakecase $key | upper) }}: {{ ternary $value (toJson $value) (kindIs "string" $value) | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "dstl.configMapName" -}}
+{{- printf "%s-config" (include "dstl.fullname" .) }}
+{{- end }}
+
+{{/*
+The dstl-server container. Arguments: dict "root" (the chart context) and
+"sidecar" (bool: inside an executor pod).
+*/}}
+{{- define "dstl.container" -}}
+{{- $root := .root }}
+{{- $v := $root.Values }}
+name: dstl
+image: {{ include "dstl.image" $root | quote }}
+imagePullPolicy: {{ $v.image.pullPolicy }}
+{{- if and .sidecar $v.sidecar.native }}
+restartPolicy: Always
+{{- end }}
+command: ["dstl-server"]
+{{- with $v.extraArgs }}
+args:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+envFrom:
+  - configMapRef:
+      name: {{ include "dstl.configMapName" $root }}
+  {{- with $v.s3.credentialsSecret }}
+  - secretRef:
+      name: {{ . }}
+  {{- end }}
+{{- $authSecret := include "dstl.authSecretName" $root }}
+{{- if or $authSecret $v.extraEnv }}
+env:
+  {{- if $authSecret }}
+  - name: DSTL_AUTH_TOKEN
+    valueFrom:
+      secretKeyRef:
+        name: {{ $authSecret }}
+        key: {{ $v.auth.secretKey }}
+  {{- end }}
+  {{- with $v.extraEnv }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
+{{- if or $v.tcp.enabled $v.metrics.enabled }}
+ports:
+  {{- if $v.tcp.enabled }}
+  - name: grpc
+    containerPort: {{ $v.tcp.port }}
+    protocol: TCP
+    {{- if and $v.tcp.hostPort (not .sidecar) }}
+    hostPort: {{ $v.tcp.port }}
+    {{- end }}
+  {{- end }}
+  {{- if $v.metrics.enabled }}
+  - name: metrics
+    containerPort: {{ $v.metrics.port }}
+    protocol: TCP
+  {{- end }}
+{{- end }}
+startupProbe:
+  {{- include "dstl.probe" (dict "root" $root "probe" $v.probes.startup "service" "") | trim | nindent 2 }}
+readinessProbe:
+  {{- include "dstl.probe" (dict "root" $root "probe" $v.probes.readiness "service" "dstl.v1.Changelog") | trim | nindent 2 }}
+livenessProbe:
+  {{- include "dstl.probe" (dict "root" $root "probe" $v.probes.liveness "service" "") | trim | nindent 2 }}
+{{- with $v.resources }}
+resources:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- /* the socket's group; in an executor pod the pod securityContext is not ours, so pin the user too */}}
+{{- $sc := deepCopy ($v.securityContext | default dict) }}
+{{- $_ := set $sc "runAsGroup" (int $v.unixSocket.gid) }}
+{{- if .sidecar }}
+{{- $_ = set $sc "runAsNonRoot" true }}
+{{- $_ = set $sc "runAsUser" (int ($v.podSecurityContext.runAsUser | default 10001)) }}
+{{- end }}
+securityContext:
+  {{- toYaml $sc | nindent 2 }}
+volumeMounts:
+  - name: dstl-tmp
+    mountPath: /tmp
+  {{- if $v.unixSocket.enabled }}
+  - name: dstl-socket
+    mountPath: {{ $v.unixSocket.dir }}
+  {{- end }}
+  {{- with include "dstl.filePath" $root }}
+  - name: dstl-objects
+    mountPath: {{ . }}
+  {{- end }}
+  {{- if $v.tls.existingSecret }}
+  - name: dstl-tls
+    mountPath: /etc/dstl/tls
+    readOnly: true
+  {{- end }}
+  {{- if $v.s3.caBundle.configMap }}
+  - name: dstl-s3-ca
+    mountPath: /etc/dstl/s3-ca
+    readOnly: true
+  {{- end }}
+{{- end }}
+
+{{/*
+Volumes of the dstl-server container. Arguments: dict "root" and "sidecar".
+The socket directory and file:// objects are node hostPaths for the DaemonSet
+and emptyDirs in an executor pod.
+*/}}
+{{- define "dstl.volumes" -}}
+{{- $root := .root }}
+{{- $v := $root.Values }}
+- name: dstl-tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- if $v.unixSocket.enabled }}
+- name: dstl-socket
+  {{- if .sidecar }}
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+  {{- else }}
+  hostPath:
+    path: {{ $v.unixSocket.dir }}
+    type: DirectoryOrCreate
+  {{- end }}
+{{- end }}
+{{- if include "dstl.filePath" $root }}
+- name: dstl-objects
+  {{- if .sidecar }}
+  emptyDir: {}
+  {{- else }}
+  hostPath:
+    path: {{ $v.storage.fileHostPath }}
+    type: DirectoryOrCreate
+  {{- end }}
+{{- end }}
+{{- if $v.tls.existingSecret }}
+- name: dstl-tls
+  secret:
+    secretName: {{ $v.tls.existingSecret }}
+{{- end }}
+{{- if $v.s3.caBundle.configMap }}
+- name: dstl-s3-ca
+  configMap:
+    name: {{ $v.s3.caBundle.configMap }}
+{{- end }}
+{{- end }}
+
+{{/*
+dstl.sidecarContainer: the dstl-server container for a Spark executor pod,
+serving on the Unix socket in the shared dstl-socket volume (add
+dstl.sidecarVolumes to the pod). With sidecar.native (the default) it goes
+under initContainers; otherwise under containers. Takes the chart context:
+
+  initContainers:
+    - {{- include "dstl.sidecarContainer" . | trim | nindent 6 }}
+*/}}
+{{- define "dstl.sidecarContainer" -}}
+{{- include "dstl.validate" . }}
+{{- include "dstl.container" (dict "root" . "sidecar" true) }}
+{{- end }}
+
+{{/* dstl.sidecarVolumes: the volumes dstl.sidecarContainer mounts. */}}
+{{- define "dstl.sidecarVolumes" -}}
+{{- include "dstl.volumes" (dict "root" . "sidecar" true) }}
+{{- end }}
+
+{{/*
+What the executor container needs to reach dstl-server: DSTL_ADDRESS (and
+DSTL_TOKEN when auth is on), read by dstl_client.
+*/}}
+{{- define "dstl.executorEnv" -}}
+{{- $authSecret := include "dstl.authSecretName" . }}
+{{- if and (eq .Values.mode "daemonset") .Values.tcp.hostPort (not .Values.unixSocket.enabled) }}
+- name: DSTL_NODE_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.hostIP
+- name: DSTL_ADDRESS
+  value: {{ printf "$(DSTL_NODE_IP):%d" (int .Values.tcp.port) | quote }}
+{{- else if .Values.unixSocket.enabled }}
+- name: DSTL_ADDRESS
+  value: {{ printf "unix://%s" (include "dstl.socketPath" .) | quote }}
+{{- else }}
+- name: DSTL_ADDRESS
+  value: {{ printf "127.0.0.1:%d" (int .Values.tcp.port) | quote }}
+{{- end }}
+{{- if $authSecret }}
+- name: DSTL_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ $authSecret }}
+      key: {{ .Values.auth.secretKey }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Spark executor pod template (spark.kubernetes.executor.podTemplateFile).
+Spark fills in the executor container's image, command and resources; this
+adds what reaches dstl-server: the socket volume, DSTL_ADDRESS/DSTL_TOKEN,
+the socket's group and, in sidecar mode, dstl-server itself.
+*/}}
+{{- define "dstl.executorPodTemplate" -}}
+{{- $sidecar := eq .Values.mode "sidecar" }}
+apiVersion: v1
+kind: Pod
+metadata:
+  labels:
+    dstl.io/sidecar: {{ ternary "sidecar" "daemonset" $sidecar }}
+  {{- if and $sidecar .Values.metrics.enabled .Values.metrics.scrapeAnnotations }}
+  annotations:
+    prometheus.io/scrape: "true"
+    prometheus.io/port: {{ .Values.metrics.port | quote }}
+    prometheus.io/path: /metrics
+  {{- end }}
+spec:
+  securityContext:
+    # the socket is 0660, owned by this group
+    supplementalGroups: [{{ .Values.unixSocket.gid }}]
+  {{- if and $sidecar .Values.sidecar.native }}
+  initContainers:
+    - {{- include "dstl.sidecarContainer" . | trim | nindent 6 }}
+  {{- end }}
+  containers:
+    - name: {{ .Values.executorPodTemplate.containerName }}
+      env:
+        {{- include "dstl.executorEnv" . | trim | nindent 8 }}
+      {{- if .Values.unixSocket.enabled }}
+      volumeMounts:
+        - name: dstl-socket
+          mountPath: {{ .Values.unixSocket.dir }}
+          readOnly: true
+      {{- end }}
+    {{- if and $sidecar (not .Values.sidecar.native) }}
+    - {{- include "dstl.sidecarContainer" . | trim | nindent 6 }}
+    {{- end }}
+  volumes:
+  {{- if $sidecar }}
+    {{- include "dstl.sidecarVolumes" . | trim | nindent 4 }}
+  {{- else if .Values.unixSocket.enabled }}
+    - name: dstl-socket
+      hostPath:
+        path: {{ .Values.unixSocket.dir }}
+        # made by the DaemonSet: an executor waits for its node's sidecar
+        type: Directory
+  {{- else }} []
+  {{- end }}
+{{- end }}

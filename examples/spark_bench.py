@@ -1,0 +1,245 @@
+"""Checkpoint cost of keyed state as it grows: DSTL changelog vs full snapshots vs Spark RocksDB.
+
+One run, one Spark session (local mode), one ``dstl-server`` on ``file://``,
+the same stateful aggregation (a count per key) over the same generated
+stream (``rate-micro-batch``: ``--rows-per-batch`` rows per batch, keys
+``pmod(value * 2654435761, --keys)``, so the first ``keys / rows`` batches
+insert new keys and later ones update them):
+
+(a) ``changelog``: ``process_keyed`` with the changelog backend; materialization
+    every ``--materialize-interval`` seconds;
+(b) ``full``: the same backend taking a full snapshot of the state at every
+    batch (the baseline a checkpoint without a changelog pays);
+(c) ``rocksdb``: Spark's own ``groupBy().count()`` with the RocksDB state store
+    and changelog checkpointing.
+
+Per batch it records the checkpoint time (a: slowest task's persist + the
+record; b: the same + the snapshot; c: the state store's ``commitTimeMs``
+summed over partitions, as Spark reports it) and bytes written (a: changelog
+bytes; b: snapshot + changelog; c: bytes of new files in the state checkpoint
+directory), against the state size. Prints median / p90 / max per mode, for
+the batches after ``--warmup``, and writes every figure to ``results.json``.
+
+    .venv/bin/python examples/spark_bench.py --rows-per-batch 100000 --keys 1000000 --batches 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def count_fn(key: Any, rows: list[dict[str, Any]], ctx: Any) -> None:
+    from dstl_client.state.serializers import INT64
+
+    state = ctx.value_state("count", INT64)
+    state.update((state.value() or 0) + len(rows))
+
+
+def _source(spark: Any, args: argparse.Namespace) -> Any:
+    from pyspark.sql import functions as F
+
+    return (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", args.rows_per_batch)
+        .option("numPartitions", args.parallelism)
+        .option("startTimestamp", 0)
+        .load()
+        .select(F.concat(F.lit("k"), F.expr(f"pmod(value * 2654435761, {args.keys})")).alias("k"))
+    )
+
+
+def _dir_bytes(path: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_size for p in path.rglob("*") if p.is_file()}
+
+
+def run_dstl(
+    spark: Any, args: argparse.Namespace, work: Path, address: str, full: bool
+) -> list[dict[str, Any]]:
+    from dstl_client.spark import process_keyed
+
+    name = "full" if full else "changelog"
+    q = process_keyed(
+        _source(spark, args),
+        key="k",
+        fn=count_fn,
+        parallelism=args.parallelism,
+        max_parallelism=args.max_parallelism,
+        checkpoint_dir=str(work / name),
+        job_id=f"bench-{name}",
+        dstl_address=address,
+        state_dir=str(work / f"state-{name}"),
+        materialize_interval_s=0.0 if full else args.materialize_interval,
+        full_snapshot=full,
+    )
+    try:
+        q.wait_for_batch(args.batches - 1, timeout_s=3600)
+    finally:
+        q.stop()
+    out = []
+    for h in q.history[: args.batches]:
+        cp_s = h["checkpoint_s"] + (h["mat_max_s"] if full else 0.0)
+        cp_bytes = h["persisted_bytes"] + (h["mat_bytes"] if full else 0)
+        out.append(
+            {
+                "batch": h["batch_id"],
+                "checkpoint_ms": round(cp_s * 1000, 1),
+                "checkpoint_bytes": cp_bytes,
+                "state_bytes": h["state_bytes"],
+                "batch_ms": round(h.get("batch_s", 0.0) * 1000, 1),
+                "materialized": h["materialized"],
+                "mat_ms": round(h["mat_max_s"] * 1000, 1),
+                "mat_bytes": h["mat_bytes"],
+            }
+        )
+        print(
+            f"  {name} batch {h['batch_id']}: checkpoint {out[-1]['checkpoint_ms']} ms "
+            f"{cp_bytes / 1e6:.2f} MB, state {h['state_bytes'] / 1e6:.1f} MB, batch {out[-1]['batch_ms']} ms",
+            flush=True,
+        )
+    return out
+
+
+def run_rocksdb(spark: Any, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    ckpt = work / "rocksdb"
+    q = (
+        _source(spark, args)
+        .groupBy("k")
+        .count()
+        .writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", str(ckpt))
+        .start()
+    )
+    out = []
+    seen_files: dict[str, int] = {}
+    last = -1
+    try:
+        while last < args.batches - 1:
+            p = q.lastProgress
+            if p is None or p["batchId"] == last:
+                if not q.isActive:
+                    raise RuntimeError(f"rocksdb query stopped: {q.exception()}")
+                time.sleep(0.05)
+                continue
+            last = p["batchId"]
+            files = _dir_bytes(ckpt / "state")
+            new_bytes = sum(size for f, size in files.items() if seen_files.get(f) != size)
+            seen_files = files
+            op = p["stateOperators"][0]
+            custom = op.get("customMetrics", {})
+            out.append(
+                {
+                    "batch": last,
+                    "checkpoint_ms": float(op["commitTimeMs"]),
+                    "checkpoint_bytes": new_bytes,
+                    "state_bytes": int(custom.get("rocksdbSstFileSize", 0))
+                    + int(op.get("memoryUsedBytes", 0)),
+                    "state_rows": op["numRowsTotal"],
+                    "batch_ms": float(p["durationMs"].get("triggerExecution", 0)),
+                }
+            )
+            print(
+                f"  rocksdb batch {last}: commit {op['commitTimeMs']} ms {new_bytes / 1e6:.2f} MB, "
+                f"rows {op['numRowsTotal']}, batch {out[-1]['batch_ms']} ms",
+                flush=True,
+            )
+    finally:
+        q.stop()
+    return out
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    s = sorted(values)
+    if not s:
+        return {"median": 0.0, "p90": 0.0, "max": 0.0}
+    return {
+        "median": round(statistics.median(s), 1),
+        "p90": round(s[min(len(s) - 1, int(0.9 * len(s)))], 1),
+        "max": round(s[-1], 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--rows-per-batch", type=int, default=100_000)
+    p.add_argument("--keys", type=int, default=1_000_000)
+    p.add_argument("--batches", type=int, default=16)
+    p.add_argument("--warmup", type=int, default=2, help="batches left out of the summary")
+    p.add_argument("--parallelism", type=int, default=2)
+    p.add_argument("--max-parallelism", type=int, default=128)
+    p.add_argument("--materialize-interval", type=float, default=20.0)
+    p.add_argument("--modes", default="changelog,full,rocksdb")
+    p.add_argument("--workdir", default="")
+    args = p.parse_args(argv)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from dstl_server.testing import ServerProcess
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="dstl-spark-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    spark = (
+        SparkSession.builder.master(f"local[{args.parallelism}]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(args.parallelism))
+        .config("spark.driver.memory", "3g")
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    results: dict[str, Any] = {"args": vars(args), "modes": {}}
+    try:
+        with ServerProcess(work / "sidecar") as sidecar:
+            for mode in args.modes.split(","):
+                print(f"== {mode}", flush=True)
+                started = time.monotonic()
+                if mode == "rocksdb":
+                    rows = run_rocksdb(spark, args, work)
+                else:
+                    rows = run_dstl(spark, args, work, sidecar.address, full=(mode == "full"))
+                results["modes"][mode] = {
+                    "batches": rows,
+                    "wall_s": round(time.monotonic() - started, 1),
+                }
+    finally:
+        spark.stop()
+    print(
+        f"\nper-batch checkpoint, batches >= {args.warmup} "
+        f"({args.rows_per_batch} rows/batch, {args.keys} keys, parallelism {args.parallelism}):"
+    )
+    print(
+        f"{'mode':10s} {'time ms median/p90/max':>26s} {'MB median/p90/max':>22s} {'state MB first->last':>22s}"
+    )
+    for mode, r in results["modes"].items():
+        rows = [b for b in r["batches"] if b["batch"] >= args.warmup]
+        t = _stats([b["checkpoint_ms"] for b in rows])
+        m = _stats([b["checkpoint_bytes"] / 1e6 for b in rows])
+        r["summary"] = {"checkpoint_ms": t, "checkpoint_mb": m}
+        s0 = rows[0]["state_bytes"] / 1e6 if rows else 0
+        s1 = rows[-1]["state_bytes"] / 1e6 if rows else 0
+        print(
+            f"{mode:10s} {t['median']:8.1f} /{t['p90']:7.1f} /{t['max']:7.1f} "
+            f"{m['median']:8.2f} /{m['p90']:6.2f} /{m['max']:6.2f}   {s0:8.1f} -> {s1:7.1f}"
+        )
+    (work / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"\nfigures: {work / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The keyed Spark job of the end-to-end tests, its input and its expected results.
+
+Run as a script it is one driver process (so a test can kill it with SIGKILL
+at a chosen point of a chosen batch and start it again)::
+
+    python -m tests.e2e._spark_job --checkpoint-dir ... --crash tasks_done:3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dstl_client.state import INT64, TupleSerializer
+
+AGG: TupleSerializer[Any] = TupleSerializer(INT64, INT64)
+OUTPUT_SCHEMA = "k string, count long, total long"
+MAX_P = 16
+
+
+def agg(key: Any, rows: list[dict[str, Any]], ctx: Any) -> Any:
+    """Running count and sum of ``v`` per key; one output row per key and batch."""
+    state = ctx.value_state("agg", AGG)
+    count, total = state.value() or (0, 0)
+    for r in rows:
+        count += 1
+        total += r["v"]
+    state.update((count, total))
+    yield key, count, total
+
+
+def batch_rows(b: int, rows: int, keys: int) -> list[tuple[str, int]]:
+    first = b * rows
+    return [(f"k{(i * 7919) % keys}", i % 97) for i in range(first, first + rows)]
+
+
+def write_input(directory: Path, first: int, last: int, rows: int, keys: int) -> None:
+    """Batches ``first..last`` as one Parquet file each (the file source reads oldest first)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    base = time.time() - 1000
+    for b in range(first, last + 1):
+        data = batch_rows(b, rows, keys)
+        table = pa.table(
+            {"k": [k for k, _ in data], "v": pa.array([v for _, v in data], pa.int64())}
+        )
+        path = directory / f"part-{b:05d}.parquet"
+        pq.write_table(table, path)
+        os.utime(path, (base + b, base + b))
+
+
+def expected(
+    batches: int, rows: int, keys: int
+) -> tuple[dict[str, tuple[int, int]], set[tuple[int, str, int, int]]]:
+    """Final state per key and every output row ``(batch, key, count, total)``."""
+    state: dict[str, tuple[int, int]] = {}
+    outputs: set[tuple[int, str, int, int]] = set()
+    for b in range(batches):
+        touched = set()
+        for k, v in batch_rows(b, rows, keys):
+            c, t = state.get(k, (0, 0))
+            state[k] = (c + 1, t + v)
+            touched.add(k)
+        for k in touched:
+            outputs.add((b, k, *state[k]))
+    return state, outputs
+
+
+def decode_state(rows: dict[tuple[int, bytes], bytes]) -> dict[str, tuple[int, int]]:
+    from dstl_client.state.changes import decode_state_key
+
+    out = {}
+    for (_kg, k), v in rows.items():
+        name, key, _ = decode_state_key(k)
+        assert name == "agg"
+        out[key.decode()] = AGG.loads(v)
+    return out
+
+
+def read_outputs(out_dir: Path) -> set[tuple[int, str, int, int]]:
+    import pyarrow.parquet as pq
+
+    got: set[tuple[int, str, int, int]] = set()
+    for d in sorted(out_dir.glob("batch=*")):
+        b = int(d.name.split("=")[1])
+        for row in pq.read_table(d).to_pylist():
+            got.add((b, row["k"], row["count"], row["total"]))
+    return got
+
+
+def output_sink(out_dir: Path) -> Any:
+    """An idempotent sink: each batch's output replaces that batch's directory."""
+
+    def sink(df: Any, batch_id: int) -> None:
+        df.write.mode("overwrite").parquet(str(out_dir / f"batch={batch_id}"))
+
+    return sink
+
+
+def session(cores: str = "2") -> Any:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    for name in ("checkpoint-dir", "address", "storage-url", "state-dir", "input-dir", "out-dir"):
+        p.add_argument(f"--{name}", required=True)
+    p.add_argument("--parallelism", type=int, default=2)
+    p.add_argument("--until-batch", type=int, required=True)
+    p.add_argument("--crash", default="", help="phase:batch -> SIGKILL the driver there")
+    args = p.parse_args()
+    from dstl_client.spark import process_keyed
+
+    crash_phase, _, crash_batch = args.crash.partition(":")
+
+    def on_phase(phase: str, batch_id: int) -> None:
+        if phase == crash_phase and batch_id == int(crash_batch):
+            print(f"crashing at {phase} of batch {batch_id}", flush=True)
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    spark = session()
+    df = (
+        spark.readStream.schema("k string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(args.input_dir)
+    )
+    q = process_keyed(
+        df,
+        key="k",
+        fn=agg,
+        output_schema=OUTPUT_SCHEMA,
+        parallelism=args.parallelism,
+        max_parallelism=MAX_P,
+        checkpoint_dir=args.checkpoint_dir,
+        job_id="e2e-crash",
+        dstl_address=args.address,
+        state_dir=args.state_dir,
+        storage_url=args.storage_url,
+        materialize_interval_s=0,
+        sink=output_sink(Path(args.out_dir)),
+        on_phase=on_phase,
+    )
+    try:
+        q.wait_for_batch(args.until_batch, timeout_s=240)
+    finally:
+        q.stop()
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

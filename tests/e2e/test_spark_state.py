@@ -1,0 +1,172 @@
+"""Real PySpark jobs with keyed state on the DSTL: crashes, retries, rescaling, cleanup."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dstl_client.client import ChangelogClient
+from dstl_client.coordinator.local import checkpoint_rows
+from dstl_client.coordinator.storage import CheckpointStorage
+from dstl_client.spark import process_keyed
+from dstl_server.testing import ServerProcess
+from tests.e2e._spark_job import (
+    MAX_P,
+    OUTPUT_SCHEMA,
+    agg,
+    decode_state,
+    expected,
+    output_sink,
+    read_outputs,
+    write_input,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS, KEYS = 2000, 700
+
+
+def records(checkpoint_dir: Path) -> CheckpointStorage:
+    return CheckpointStorage(checkpoint_dir / "dstl" / "checkpoints")
+
+
+def referenced(checkpoint_dir: Path) -> set[str]:
+    storage = records(checkpoint_dir)
+    keys: set[str] = set()
+    for b in storage.batch_ids():
+        keys |= storage.load(b).object_keys()
+    return keys
+
+
+def stored(sidecar: ServerProcess, job: str) -> set[str]:
+    root = Path(sidecar.storage.removeprefix("file://"))
+    return {str(p.relative_to(root)) for p in (root / job).rglob("*.dstl")}
+
+
+def final_state(checkpoint_dir: Path, address: str) -> dict[str, tuple[int, int]]:
+    storage = records(checkpoint_dir)
+    with ChangelogClient(address) as client:
+        return decode_state(checkpoint_rows(storage.load(storage.batch_ids()[-1]), client))
+
+
+def run_driver(tmp: Path, sidecar: ServerProcess, until: int, crash: str = "") -> int:
+    cmd = [sys.executable, "-m", "tests.e2e._spark_job"]
+    for name, value in {
+        "checkpoint-dir": tmp / "ckpt",
+        "address": sidecar.address,
+        "storage-url": sidecar.storage,
+        "state-dir": tmp / "state",
+        "input-dir": tmp / "input",
+        "out-dir": tmp / "out",
+        "until-batch": until,
+        "crash": crash,
+    }.items():
+        cmd += [f"--{name}", str(value)]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=280)
+    finally:
+        # the driver's JVM is in its process group: reap everything, crash or not
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_driver_kills_at_every_point_give_the_failure_free_results(
+    tmp_path: Path, sidecar: ServerProcess
+) -> None:
+    batches = 8
+    write_input(tmp_path / "input", 0, batches - 1, ROWS, KEYS)
+    # kill -9 before the tasks of batch 1, after the tasks of batch 3 (objects uploaded,
+    # no record) and after the record of batch 5 (Spark has not committed it)
+    assert run_driver(tmp_path, sidecar, until=7, crash="planned:1") == -signal.SIGKILL
+    assert records(tmp_path / "ckpt").batch_ids() == [0]
+    assert run_driver(tmp_path, sidecar, until=7, crash="tasks_done:3") == -signal.SIGKILL
+    assert records(tmp_path / "ckpt").batch_ids()[-1] == 2
+    orphans = stored(sidecar, "e2e-crash") - referenced(tmp_path / "ckpt")
+    assert orphans, "batch 3's tasks uploaded objects no checkpoint refers to"
+    assert run_driver(tmp_path, sidecar, until=7, crash="recorded:5") == -signal.SIGKILL
+    # the restart removed the orphans before its first checkpoint, and kept what
+    # the retained checkpoints refer to
+    assert not orphans & stored(sidecar, "e2e-crash")
+    assert records(tmp_path / "ckpt").batch_ids()[-1] == 5
+    assert run_driver(tmp_path, sidecar, until=7) == 0
+    assert records(tmp_path / "ckpt").batch_ids() == [6, 7]
+    assert stored(sidecar, "e2e-crash") >= referenced(tmp_path / "ckpt")
+
+    want_state, want_outputs = expected(batches, ROWS, KEYS)
+    assert final_state(tmp_path / "ckpt", sidecar.address) == want_state
+    # the idempotent sink saw every batch's output exactly as a failure-free run would
+    assert read_outputs(tmp_path / "out") == want_outputs
+
+
+def _start(spark: Any, tmp: Path, sidecar: ServerProcess, parallelism: int, **kw: Any) -> Any:
+    df = (
+        spark.readStream.schema("k string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(tmp / "input"))
+    )
+    return process_keyed(
+        df,
+        key="k",
+        fn=agg,
+        output_schema=OUTPUT_SCHEMA,
+        parallelism=parallelism,
+        max_parallelism=MAX_P,
+        checkpoint_dir=str(tmp / "ckpt"),
+        job_id=f"e2e-{tmp.name[-20:].strip('_-.') or 'job'}",
+        dstl_address=sidecar.address,
+        state_dir=str(tmp / "state"),
+        storage_url=sidecar.storage,
+        sink=output_sink(tmp / "out"),
+        **kw,
+    )
+
+
+def test_a_task_failure_after_commit_is_retried_without_double_counting(
+    tmp_path: Path, sidecar: ServerProcess, spark: Any
+) -> None:
+    batches = 4
+    write_input(tmp_path / "input", 0, batches - 1, ROWS, KEYS)
+    # batch 2, task 1: state applied, persisted and committed locally, then the attempt fails
+    q = _start(spark, tmp_path, sidecar, 2, _task_faults={"fail_after_commit": [2, 1]})
+    try:
+        q.wait_for_batch(batches - 1, timeout_s=180)
+    finally:
+        q.stop()
+    by_batch = {h["batch_id"]: h for h in q.history}
+    assert by_batch[2]["max_task_attempt"] == 1  # Spark ran the task a second time
+    # the retry found the failed attempt's batch in the store and dropped it: no restore
+    assert all(h["restored_subtasks"] == 0 for h in q.history)
+    want_state, want_outputs = expected(batches, ROWS, KEYS)
+    assert final_state(tmp_path / "ckpt", sidecar.address) == want_state
+    assert read_outputs(tmp_path / "out") == want_outputs
+
+
+def test_rescale_2_3_1_gives_the_same_results(
+    tmp_path: Path, sidecar: ServerProcess, spark: Any
+) -> None:
+    done = -1
+    for parallelism, batches, interval in ((2, 3, 3600.0), (3, 3, 0.0), (1, 2, 3600.0)):
+        write_input(tmp_path / "input", done + 1, done + batches, ROWS, KEYS)
+        q = _start(spark, tmp_path, sidecar, parallelism, materialize_interval_s=interval)
+        try:
+            q.wait_for_batch(done + batches, timeout_s=180)
+        finally:
+            q.stop()
+        first = next(h for h in q.history if h["batch_id"] == done + 1)
+        if done >= 0:  # every subtask of the new parallelism restored its key groups
+            assert first["restored_subtasks"] == parallelism
+        done += batches
+    want_state, want_outputs = expected(done + 1, ROWS, KEYS)
+    assert final_state(tmp_path / "ckpt", sidecar.address) == want_state
+    assert read_outputs(tmp_path / "out") == want_outputs
