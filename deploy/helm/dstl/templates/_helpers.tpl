@@ -102,6 +102,9 @@ includes it, so a bad combination fails rendering with one clear message.
 {{- if and .Values.tls.existingSecret (include "dstl.tcpLoopback" .) (not .Values.unixSocket.enabled) }}
 {{- fail "dstl: a TLS listener on loopback cannot be probed: enable unixSocket" }}
 {{- end }}
+{{- if and (eq .Values.mode "sidecar") (include "dstl.filePath" .) }}
+{{- fail "dstl: mode sidecar would keep file:// objects in the executor pod's emptyDir, lost with the pod: set storage.url to s3://bucket/prefix" }}
+{{- end }}
 {{- if and .Values.tcp.hostPort (ne .Values.mode "daemonset") }}
 {{- fail "dstl: tcp.hostPort is for mode daemonset only" }}
 {{- end }}
@@ -338,7 +341,7 @@ dstl.sidecarVolumes to the pod). With sidecar.native (the default) it goes
 under initContainers; otherwise under containers. Takes the chart context:
 
   initContainers:
-    - {{- include "dstl.sidecarContainer" . | trim | nindent 6 }}
+    - {{ include "dstl.sidecarContainer" . | trim | nindent 6 | trim }}
 */}}
 {{- define "dstl.sidecarContainer" -}}
 {{- include "dstl.validate" . }}
@@ -404,7 +407,7 @@ spec:
     supplementalGroups: [{{ .Values.unixSocket.gid }}]
   {{- if and $sidecar .Values.sidecar.native }}
   initContainers:
-    - {{- include "dstl.sidecarContainer" . | trim | nindent 6 }}
+    - {{ include "dstl.sidecarContainer" . | trim | nindent 6 | trim }}
   {{- end }}
   containers:
     - name: {{ .Values.executorPodTemplate.containerName }}
@@ -417,7 +420,7 @@ spec:
           readOnly: true
       {{- end }}
     {{- if and $sidecar (not .Values.sidecar.native) }}
-    - {{- include "dstl.sidecarContainer" . | trim | nindent 6 }}
+    - {{ include "dstl.sidecarContainer" . | trim | nindent 6 | trim }}
     {{- end }}
   volumes:
   {{- if $sidecar }}
