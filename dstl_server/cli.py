@@ -65,6 +65,28 @@ async def serve(settings: ServerSettings) -> None:
     await server.stop()
 
 
+def _fix_malloc_mmap_threshold() -> None:
+    """Keep large buffers (requests, objects) on mmap so that freeing them returns memory.
+
+    glibc raises its mmap threshold each time a large mmapped block is freed,
+    after which MiB-sized buffers land in the heap arenas, fragment them, and
+    RSS creeps up under sustained appends (measured: 300+ MiB instead of about
+    110 MiB with a fixed 128 KiB threshold, same throughput). An explicit
+    ``MALLOC_MMAP_THRESHOLD_`` in the environment wins; non-glibc: no-op.
+    """
+    import ctypes
+    import ctypes.util
+    import os
+
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD: fixed, no dynamic raise
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -84,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dstl_server.logs import setup_logging
 
     setup_logging(settings.log_level)
+    _fix_malloc_mmap_threshold()
     try:
         import uvloop
 

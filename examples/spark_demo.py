@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -196,6 +197,7 @@ def _final_state(checkpoint_dir: Path, address: str) -> dict[tuple[int, bytes], 
 def run_demo(args: argparse.Namespace) -> int:
     from dstl_server.testing import ServerProcess
 
+    own_workdir = not args.workdir
     work = Path(args.workdir or tempfile.mkdtemp(prefix="dstl-spark-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -209,6 +211,7 @@ def run_demo(args: argparse.Namespace) -> int:
             f"sidecar pid {sidecar.proc.pid if sidecar.proc else '?'} at {sidecar.address}, storage {sidecar.storage}"
         )
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
         # run A: killed mid-stream, restarted from its checkpoint
         ck_a = work / "run-a"
@@ -285,6 +288,8 @@ def run_demo(args: argparse.Namespace) -> int:
         print(
             "OK: the killed-and-restarted run ends with exactly the state of the failure-free run"
         )
+        if own_workdir:
+            shutil.rmtree(work, ignore_errors=True)
         return 0
     diff = {k for k in state_a.keys() | state_b.keys() if state_a.get(k) != state_b.get(k)}
     print(f"MISMATCH: {len(diff)} keys differ")

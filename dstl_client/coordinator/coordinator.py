@@ -25,6 +25,7 @@ one only objects of records dropped at start are discarded.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import tempfile
@@ -66,6 +67,20 @@ class MaterializationFailed(DstlError):
     kind = "materialization_failed"
 
 
+class CheckpointTimedOut(DstlError):
+    """A batch's checkpoint took longer than the checkpoint timeout and was aborted."""
+
+    grpc_code = "DEADLINE_EXCEEDED"
+    kind = "checkpoint_timed_out"
+
+
+class ConfigUpdateInProgress(DstlError):
+    """Another configuration update of the job is running (HTTP 409)."""
+
+    grpc_code = "ABORTED"
+    kind = "config_update_in_progress"
+
+
 class IncompleteBatch(DstlError):
     """Task results do not cover every subtask exactly once."""
 
@@ -99,6 +114,8 @@ class CoordinatorConfig:
     dstl_address: str = ""
     dstl_token: str | None = None
     persist_timeout_s: float = 120.0
+    #: a batch's checkpoint (plan to record) taking longer is aborted
+    checkpoint_timeout_s: float = 600.0
     cache_rows: int = DEFAULT_CACHE_ROWS
     fsync: bool = True
 
@@ -118,6 +135,8 @@ class CoordinatorConfig:
             raise ConfigError("max_materialization_failures must be >= 1")
         if self.persist_timeout_s <= 0:
             raise ConfigError("persist_timeout_s must be > 0")
+        if self.checkpoint_timeout_s <= 0:
+            raise ConfigError("checkpoint_timeout_s must be > 0")
 
     @property
     def records_dir(self) -> Path:
@@ -144,6 +163,24 @@ def blob_store_lister(storage_url: str) -> ObjectLister:
         return asyncio.run(run())
 
     return lister
+
+
+def _write_atomically(path: Path, data: bytes, fsync: bool) -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename, directory fsync."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class CheckpointCoordinator:
@@ -179,6 +216,14 @@ class CheckpointCoordinator:
         self._lock = threading.RLock()
         self.started = False
         self.orphans_removed = 0
+        #: the batch being checkpointed and when it was planned (monotonic)
+        self._in_flight: tuple[int, float] | None = None
+        self._aborted: set[int] = set()
+        #: called with the batch id when its checkpoint times out (e.g. cancels its Spark jobs)
+        self.on_timeout: Callable[[int], None] | None = None
+        self.config_update_lock = threading.Lock()
+        self._watchdog: threading.Thread | None = None
+        self._closing = threading.Event()
         #: per-checkpoint statistics (the newest 10,000)
         self.history: deque[dict[str, Any]] = deque(maxlen=10_000)
 
@@ -193,22 +238,149 @@ class CheckpointCoordinator:
         return self._client
 
     def close(self) -> None:
+        self._closing.set()
+        if self._watchdog is not None:
+            self._watchdog.join(5)
+            self._watchdog = None
         if self._own_client and self._client is not None:
             self._client.close()
             self._client = None
         self.metrics.close()
 
     def set_materialize_interval(self, seconds: float) -> None:
-        """Change the materialization interval of the running job."""
+        """Change the materialization interval of the running job (not persisted)."""
         if seconds < 0:
             raise ConfigError("materialize_interval_s must be >= 0")
         with self._lock:
             self.config = replace(self.config, materialize_interval_s=seconds)
 
+    # ------------------------------------------------- dynamic configuration
+    @property
+    def overrides_path(self) -> Path:
+        return Path(self.config.checkpoint_dir) / "dstl" / "config-overrides.json"
+
+    def effective_config(self) -> dict[str, Any]:
+        """The values in force (``GET .../checkpoints/config``); durations in ms."""
+        with self._lock:
+            cfg = self.config
+            return {
+                "jobId": cfg.job_id,
+                "checkpointTimeout": round(cfg.checkpoint_timeout_s * 1000),
+                "materializationInterval": round(cfg.materialize_interval_s * 1000),
+                "retainedCheckpoints": cfg.retain,
+            }
+
+    def update_config(
+        self,
+        *,
+        checkpoint_timeout_ms: int | None = None,
+        materialization_interval_ms: int | None = None,
+    ) -> dict[str, Any]:
+        """Change timeout and/or materialization interval of the running job.
+
+        The new values are persisted next to the checkpoint records first (so a
+        restarted driver applies them again), then applied: a new timeout also
+        governs the batch in flight (extended: it may finish; shortened below
+        its elapsed time: it is aborted at once). Raises :class:`ConfigError`
+        for invalid values and :class:`ConfigUpdateInProgress` when another
+        update is running.
+        """
+        for name, value in (
+            ("checkpointTimeout", checkpoint_timeout_ms),
+            ("materializationInterval", materialization_interval_ms),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value <= 0
+            ):
+                raise ConfigError(f"{name} must be a positive integer (milliseconds)")
+        if not self.config_update_lock.acquire(blocking=False):
+            raise ConfigUpdateInProgress("another configuration update is in progress")
+        try:
+            with self._lock:
+                overrides = self._read_overrides()
+                if checkpoint_timeout_ms is not None:
+                    overrides["checkpointTimeout"] = checkpoint_timeout_ms
+                if materialization_interval_ms is not None:
+                    overrides["materializationInterval"] = materialization_interval_ms
+                _write_atomically(
+                    self.overrides_path, json.dumps(overrides).encode(), self.config.fsync
+                )
+                self._apply_overrides(overrides)
+            self._check_timeout()
+            return self.effective_config()
+        finally:
+            self.config_update_lock.release()
+
+    def _read_overrides(self) -> dict[str, int]:
+        try:
+            doc = json.loads(self.overrides_path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"unreadable {self.overrides_path}: {exc}") from None
+        return {
+            k: int(v)
+            for k, v in doc.items()
+            if k in ("checkpointTimeout", "materializationInterval")
+        }
+
+    def _apply_overrides(self, overrides: dict[str, int]) -> None:
+        cfg = self.config
+        if "checkpointTimeout" in overrides:
+            cfg = replace(cfg, checkpoint_timeout_s=overrides["checkpointTimeout"] / 1000)
+        if "materializationInterval" in overrides:
+            cfg = replace(cfg, materialize_interval_s=overrides["materializationInterval"] / 1000)
+        cfg.validate()
+        self.config = cfg
+
+    def _check_timeout(self) -> None:
+        """Abort the batch in flight if it outlived the checkpoint timeout."""
+        with self._lock:
+            if self._in_flight is None:
+                return
+            batch, started = self._in_flight
+            if batch in self._aborted:
+                return
+            if time.monotonic() - started <= self.config.checkpoint_timeout_s:
+                return
+            self._aborted.add(batch)
+            callback = self.on_timeout
+            self.metrics.checkpoint_timeouts.inc()
+        log.warning(
+            "checkpoint of batch %d exceeded the timeout of %.1fs: aborted",
+            batch,
+            self.config.checkpoint_timeout_s,
+        )
+        if callback is not None:
+            try:
+                callback(batch)
+            except Exception:
+                log.exception("aborting batch %d failed", batch)
+
+    def end_batch(self, batch_id: int) -> None:
+        """The batch is over without a record (its tasks failed): nothing in flight."""
+        with self._lock:
+            if self._in_flight is not None and self._in_flight[0] == batch_id:
+                self._in_flight = None
+
+    def start_watchdog(self, period_s: float = 0.2) -> None:
+        """Check the checkpoint timeout of the batch in flight every ``period_s``."""
+
+        def loop() -> None:
+            while not self._closing.wait(period_s):
+                self._check_timeout()
+
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(
+                target=loop, name="dstl-checkpoint-timeout", daemon=True
+            )
+            self._watchdog.start()
+
     # ---------------------------------------------------------------- start
     def start(self) -> CheckpointRecord | None:
         """Load retained checkpoints, rebuild the registry, remove orphans."""
         with self._lock:
+            self._apply_overrides(self._read_overrides())
             cfg = self.config
             self.storage.remove_temp_files()
             ids = self.storage.batch_ids()
@@ -265,7 +437,10 @@ class CheckpointCoordinator:
                 self.metrics.skipped_batches.inc()
                 log.info("batch %d is already checkpointed: skipped", batch_id)
                 return None
-            due = time.monotonic() - self._last_mat_done >= cfg.materialize_interval_s
+            now = time.monotonic()
+            due = now - self._last_mat_done >= cfg.materialize_interval_s
+            self._in_flight = (batch_id, now)
+            self._aborted.discard(batch_id)
             return BatchPlan(
                 job_id=cfg.job_id,
                 operator_id=cfg.operator_id,
@@ -278,7 +453,7 @@ class CheckpointCoordinator:
                 dstl_token=cfg.dstl_token,
                 materialize=self.latest is not None and due,
                 full_snapshot=cfg.full_snapshot,
-                persist_timeout_s=cfg.persist_timeout_s,
+                persist_timeout_s=min(cfg.persist_timeout_s, cfg.checkpoint_timeout_s),
                 cache_rows=cfg.cache_rows,
             )
 
@@ -295,6 +470,13 @@ class CheckpointCoordinator:
         with self._lock:
             cfg = self.config
             self._check_results(plan, results)
+            self._check_timeout()
+            if plan.batch_id in self._aborted:
+                self._in_flight = None
+                raise CheckpointTimedOut(
+                    f"the checkpoint of batch {plan.batch_id} exceeded the timeout of "
+                    f"{cfg.checkpoint_timeout_s:.1f}s and was aborted"
+                )
             t0 = time.perf_counter()
             mat_failed = [r for r in results if r.mat_error]
             mat_done = plan.materialize and not mat_failed
@@ -316,6 +498,7 @@ class CheckpointCoordinator:
             self.registry.register(record.batch_id, record.object_keys())
             self._retained.append(record)
             self.latest = record
+            self._in_flight = None
             unused: set[str] = set(self._undiscarded)
             while len(self._retained) > cfg.retain:
                 old = self._retained.popleft()

@@ -60,6 +60,9 @@ class CoordinatorMetrics:
         self.materialization_failures = counter(
             "dstl_materialization_failures", "Batches whose materialization failed."
         )
+        self.checkpoint_timeouts = counter(
+            "dstl_checkpoint_timeouts", "Checkpoints aborted by the checkpoint timeout."
+        )
         self.restores = counter("dstl_restores", "Subtasks that restored from a checkpoint.")
         self.discarded_objects = counter(
             "dstl_discarded_objects", "Objects discarded (unreferenced or orphaned)."

@@ -65,7 +65,8 @@ from dstl_client.coordinator.coordinator import (
     blob_store_lister,
 )
 from dstl_client.coordinator.records import TaskResult
-from dstl_client.errors import ConfigError
+from dstl_client.coordinator.rest import CheckpointConfigServer
+from dstl_client.errors import ConfigError, DstlError
 from dstl_client.keygroups import DEFAULT_MAX_PARALLELISM, check_parallelism, partition_sql
 from dstl_client.state.subtask import BatchPlan, KeyedFunction, run_keyed
 
@@ -117,27 +118,35 @@ def _task(
             else:
                 rows.append(row)
     outputs: list[Any] = []
-    result = run_keyed(plan, index, groups.items(), fn, emit=outputs.append)
+    user_fields = [f for f in out_schema if f.name != META_COLUMN]
+    # without an output schema the function's rows have nowhere to go
+    emit = outputs.append if user_fields else None
+    result = run_keyed(plan, index, groups.items(), fn, emit=emit)
     result.stats["task_attempt"] = ctx.attemptNumber()
     fault = plan.extra.get("fail_after_commit")
     if fault is not None and tuple(fault) == (plan.batch_id, index) and ctx.attemptNumber() == 0:
         # fault injection for tests: the batch is persisted and committed locally,
         # then the attempt dies; Spark's retry must not apply it twice
         raise RuntimeError(f"injected failure after commit: batch {plan.batch_id} task {index}")
-    user_fields = [f for f in out_schema if f.name != META_COLUMN]
     names = [f.name for f in user_fields]
     for start in range(0, len(outputs), _OUT_BATCH_ROWS):
         chunk = outputs[start : start + _OUT_BATCH_ROWS]
         if isinstance(chunk[0], dict):
             cols = [[row.get(n) for row in chunk] for n in names]
         else:
-            cols = [list(c) for c in zip(*chunk, strict=True)] if names else []
+            cols = [list(c) for c in zip(*chunk, strict=True)]
         arrays = [pa.array(c, type=f.type) for c, f in zip(cols, user_fields, strict=True)]
         arrays.append(pa.nulls(len(chunk), type=pa.binary()))
         yield pa.RecordBatch.from_arrays(arrays, schema=out_schema)
     meta = [pa.nulls(1, type=f.type) for f in user_fields]
     meta.append(pa.array([result.to_bytes()], type=pa.binary()))
     yield pa.RecordBatch.from_arrays(meta, schema=out_schema)
+
+
+class QueryStopping(DstlError):
+    """Raised into Spark for a batch that starts while :meth:`DstlQuery.stop` runs."""
+
+    kind = "query_stopping"
 
 
 class DstlQuery:
@@ -148,7 +157,8 @@ class DstlQuery:
         self.metrics_port = metrics_port
         self.query: Any = None
         self._in_batch = threading.Lock()
-        self.error: BaseException | None = None
+        self._stopping = False
+        self.config_server: CheckpointConfigServer | None = None
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -172,14 +182,21 @@ class DstlQuery:
             time.sleep(0.1)
 
     def stop(self, timeout_s: float = 120.0) -> None:
-        """Stop the query between two batches, then release the coordinator."""
-        if self.query is not None and self._in_batch.acquire(timeout=timeout_s):
-            try:
-                self.query.stop()
-            finally:
+        """Stop the query between two batches, then release the coordinator.
+
+        A running batch is let finish (up to ``timeout_s``); a batch that
+        starts after this call does nothing and fails the query with
+        :class:`QueryStopping`, so it is not committed and runs again on the
+        next start (stopping Spark in the middle of a batch is noisy).
+        """
+        self._stopping = True
+        if self.query is not None:
+            if self._in_batch.acquire(timeout=timeout_s):
                 self._in_batch.release()
-        elif self.query is not None:
             self.query.stop()
+        if self.config_server is not None:
+            self.config_server.close()
+            self.config_server = None
         self.coordinator.close()
 
     def await_termination(self, timeout_s: float | None = None) -> bool | None:
@@ -229,6 +246,8 @@ def process_keyed(
     metrics_port: int | None = None,
     query_name: str | None = None,
     start: bool = True,
+    checkpoint_timeout_s: float = 600.0,
+    config_port: int | None = None,
     on_phase: Callable[[str, int], None] | None = None,
     _task_faults: dict[str, Any] | None = None,
 ) -> DstlQuery:
@@ -247,6 +266,11 @@ def process_keyed(
     runs. ``storage_url`` (the sidecar's ``file://`` or ``s3://`` store) lets
     the driver list the job's objects to remove orphans of a crash on start.
     Progress is logged and exposed as Prometheus metrics on ``metrics_port``.
+    A batch whose checkpoint takes longer than ``checkpoint_timeout_s`` is
+    aborted (its Spark jobs interrupted; the query fails and re-runs it on
+    restart). ``config_port`` serves the dynamic configuration REST endpoint
+    (:mod:`dstl_client.coordinator.rest`) to change timeout and
+    materialization interval while the query runs.
     ``on_phase(phase, batch_id)`` is called on the driver at ``"planned"``
     (before the tasks), ``"tasks_done"`` (results collected, sink called, no
     record yet) and ``"recorded"`` (record written, Spark not told yet).
@@ -286,16 +310,31 @@ def process_keyed(
         state_dir=state_dir or "",
         dstl_address=dstl_address or "",
         dstl_token=dstl_token,
+        checkpoint_timeout_s=checkpoint_timeout_s,
     )
     coordinator = CheckpointCoordinator(config, lister=lister)
     coordinator.start()
     port = coordinator.metrics.serve(metrics_port) if metrics_port is not None else None
     handle = DstlQuery(coordinator, port)
+    if config_port is not None:
+        handle.config_server = CheckpointConfigServer(port=config_port)
+        handle.config_server.register(coordinator)
+    running: dict[int, tuple[Any, str]] = {}
+
+    def abort(batch_id: int) -> None:
+        found = running.get(batch_id)
+        if found is not None:
+            found[0].interruptTag(found[1])
+
+    coordinator.on_timeout = abort
+    coordinator.start_watchdog()
     spark_checkpoint = Path(checkpoint_dir) / "spark"
     # Flink's operator index of the key group, computed by Spark
     part_expr = partition_sql(key, parallelism, max_parallelism)
 
     def run_batch(batch_df: Any, batch_id: int) -> None:
+        if handle._stopping:
+            raise QueryStopping(f"batch {batch_id} not run: the query is stopping")
         with handle._in_batch:
             started = time.monotonic()
             plan = coordinator.plan_batch(batch_id, parallelism)
@@ -305,41 +344,51 @@ def process_keyed(
                 plan = dataclasses.replace(plan, extra={**plan.extra, **_task_faults})
             if on_phase is not None:
                 on_phase("planned", batch_id)
-            markers = batch_df.sparkSession.range(parallelism).select(
-                F.col("id").cast("int").alias(PART_COLUMN), F.lit(True).alias(MARKER_COLUMN)
-            )
-            routed = (
-                batch_df.where(F.col(key).isNotNull())
-                .withColumn(PART_COLUMN, F.expr(part_expr))
-                .withColumn(MARKER_COLUMN, F.lit(False))
-                .unionByName(markers, allowMissingColumns=True)
-                .repartitionById(parallelism, F.col(PART_COLUMN))
-                .drop(PART_COLUMN)
-            )
-            task = functools.partial(_task, plan, key, fn, columns, arrow_schema)
-            mapped = routed.mapInArrow(task, mapped_schema)
-            if sink is None:
+            session = batch_df.sparkSession
+            tag = f"dstl-{config.job_id}-{batch_id}"
+            session.addTag(tag)
+            running[batch_id] = (session, tag)
+            try:
+                _run_plan(batch_df, batch_id, plan, started)
+            finally:
+                running.pop(batch_id, None)
+                session.removeTag(tag)
+                coordinator.end_batch(batch_id)
+
+    def _run_plan(batch_df: Any, batch_id: int, plan: BatchPlan, started: float) -> None:
+        markers = batch_df.sparkSession.range(parallelism).select(
+            F.col("id").cast("int").alias(PART_COLUMN), F.lit(True).alias(MARKER_COLUMN)
+        )
+        routed = (
+            batch_df.where(F.col(key).isNotNull())
+            .withColumn(PART_COLUMN, F.expr(part_expr))
+            .withColumn(MARKER_COLUMN, F.lit(False))
+            .unionByName(markers, allowMissingColumns=True)
+            .repartitionById(parallelism, F.col(PART_COLUMN))
+            .drop(PART_COLUMN)
+        )
+        task = functools.partial(_task, plan, key, fn, columns, arrow_schema)
+        mapped = routed.mapInArrow(task, mapped_schema)
+        if sink is None:
+            metas = mapped.where(F.col(META_COLUMN).isNotNull()).select(META_COLUMN).collect()
+        else:
+            mapped = mapped.persist()
+            try:
                 metas = mapped.where(F.col(META_COLUMN).isNotNull()).select(META_COLUMN).collect()
-            else:
-                mapped = mapped.persist()
-                try:
-                    metas = (
-                        mapped.where(F.col(META_COLUMN).isNotNull()).select(META_COLUMN).collect()
-                    )
-                    sink(mapped.where(F.col(META_COLUMN).isNull()).drop(META_COLUMN), batch_id)
-                finally:
-                    mapped.unpersist()
-            results = [TaskResult.from_bytes(bytes(r[0])) for r in metas]
-            if on_phase is not None:
-                on_phase("tasks_done", batch_id)
-            coordinator.complete_batch(
-                plan,
-                results,
-                source_progress=_source_progress(spark_checkpoint, batch_id),
-                started_monotonic=started,
-            )
-            if on_phase is not None:
-                on_phase("recorded", batch_id)
+                sink(mapped.where(F.col(META_COLUMN).isNull()).drop(META_COLUMN), batch_id)
+            finally:
+                mapped.unpersist()
+        results = [TaskResult.from_bytes(bytes(r[0])) for r in metas]
+        if on_phase is not None:
+            on_phase("tasks_done", batch_id)
+        coordinator.complete_batch(
+            plan,
+            results,
+            source_progress=_source_progress(spark_checkpoint, batch_id),
+            started_monotonic=started,
+        )
+        if on_phase is not None:
+            on_phase("recorded", batch_id)
 
     if start:
         writer = df.writeStream.foreachBatch(run_batch).option(

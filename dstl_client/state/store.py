@@ -288,6 +288,10 @@ class LocalKeyedStore:
         self.begin()
         self._db.execute("DELETE FROM segments WHERE batch < ?", (before_batch,))
 
+    def snapshot_reader(self) -> SnapshotReader:
+        """A read-only view of the main version for a background thread."""
+        return SnapshotReader(self.directory / "state.sqlite")
+
     # --------------------------------------------------------------- closing
     def close(self) -> None:
         """Roll back anything uncommitted, close the database, release the lock."""
@@ -303,6 +307,32 @@ class LocalKeyedStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SnapshotReader:
+    """A consistent read-only view of a store's main version, for another thread.
+
+    Opened on its own SQLite connection inside a read transaction, so it keeps
+    seeing the version it started with while the task writes its batch.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._db = sqlite3.connect(
+            f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+        )
+        self._db.execute("BEGIN")
+        # the first read fixes the snapshot
+        self.changed: dict[int, int] = dict(
+            self._db.execute("SELECT kg, batch FROM kg_changed").fetchall()
+        )
+
+    def rows_of_key_group(self, kg: int) -> Iterator[tuple[bytes, bytes]]:
+        yield from self._db.execute("SELECT k, v FROM kv WHERE kg = ? ORDER BY k", (kg,))
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("ROLLBACK")
+        self._db.close()
 
 
 def _chunks(
@@ -339,12 +369,14 @@ def _lock(path: Path, timeout_s: float) -> int:
 
 def remove_overlapping_stores(
     operator_dir: Path, kg_range: KeyGroupRange, keep: Path
-) -> list[Path]:
+) -> list[tuple[Path, str]]:
     """Delete stores of other ranges that overlap ``kg_range`` (stale after a rescale).
 
-    A store another task holds (locked) is left alone. Returns what was removed.
+    A store another task holds (locked) is left alone. Returns the removed
+    directories with the log id of their changelog writer ("" if none), so the
+    caller can close those writers at the sidecar.
     """
-    removed: list[Path] = []
+    removed: list[tuple[Path, str]] = []
     if not operator_dir.is_dir():
         return removed
     for child in operator_dir.iterdir():
@@ -362,8 +394,16 @@ def remove_overlapping_stores(
         except (StoreLocked, OSError):
             continue
         try:
+            log_id = ""
+            with contextlib.suppress(sqlite3.Error):
+                db = sqlite3.connect(f"file:{child / 'state.sqlite'}?mode=ro", uri=True)
+                try:
+                    row = db.execute("SELECT value FROM meta WHERE name = 'log_id'").fetchone()
+                    log_id = str(row[0]) if row else ""
+                finally:
+                    db.close()
             shutil.rmtree(child, ignore_errors=True)
-            removed.append(child)
+            removed.append((child, log_id))
         finally:
             os.close(fd)
     return removed

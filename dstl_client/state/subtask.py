@@ -54,6 +54,7 @@ from dstl_client.state.changes import OP_PUT, decode_change, encode_put
 from dstl_client.state.store import (
     NO_VERSION,
     LocalKeyedStore,
+    SnapshotReader,
     remove_overlapping_stores,
     store_dir,
 )
@@ -202,6 +203,7 @@ class Subtask:
         self._backend: ChangelogStateBackend | None = None
         self.context: KeyedContext | None = None
         self.start_sqn = 0
+        self._mat_thread: threading.Thread | None = None
 
     # --------------------------------------------------------------- open
     @property
@@ -225,7 +227,16 @@ class Subtask:
         self.stats["lock_s"] = round(time.perf_counter() - t0, 4)
         self._prepare_version()
         if plan.materialize and self.store.main_version[0] != NO_VERSION:
-            self._materialize()
+            # the snapshot of version C is fixed now; it uploads while the batch runs
+            reader = self.store.snapshot_reader()
+            version = self.store.main_version[0]
+            self._mat_thread = threading.Thread(
+                target=self._materialize,
+                args=(reader, version),
+                name=f"dstl-materialize-{self.index}",
+                daemon=True,
+            )
+            self._mat_thread.start()
         self._open_writer()
         self._truncate()
         assert self._writer is not None
@@ -262,7 +273,12 @@ class Subtask:
         sub = committed.subtask_for(self.kg_range)
         attempt = sub.attempt if sub is not None else f"restored-{self.attempt}"
         stats = restore_range(store, committed, self.client, attempt)
-        remove_overlapping_stores(store.directory.parent, self.kg_range, store.directory)
+        for _path, log_id in remove_overlapping_stores(
+            store.directory.parent, self.kg_range, store.directory
+        ):
+            if log_id:  # that range's changelog writer is no longer needed
+                with contextlib.suppress(DstlError):
+                    ChangelogWriter(self.client, self.plan.job_id, log_id, (0, 0), 1).close()
         self.stats.update(restored=True, restore_s=round(time.perf_counter() - t0, 4), **stats)
         log.info(
             "subtask %d %s restored to batch %d: %s",
@@ -272,18 +288,16 @@ class Subtask:
             stats,
         )
 
-    def _materialize(self) -> None:
-        """Upload the key groups changed since their last materialization."""
+    def _materialize(self, reader: SnapshotReader, version: int) -> None:
+        """Upload the key groups changed since their last materialization (a thread)."""
         t0 = time.perf_counter()
         plan = self.plan
-        store = self.store
-        version = store.main_version[0]
         per_kg = (
             plan.committed.mat_per_kg()
             if plan.committed is not None
             else [(None, NO_BATCH)] * plan.max_parallelism
         )
-        changed = store.changed_key_groups()
+        changed = reader.changed
         dirty = sorted(
             kg
             for kg, b in changed.items()
@@ -303,7 +317,7 @@ class Subtask:
                 pending: list[tuple[int, bytes]] = []
                 for kg in dirty:
                     n = 0
-                    for k, v in store.rows_of_key_group(kg):
+                    for k, v in reader.rows_of_key_group(kg):
                         pending.append((kg, encode_put(k, v)))
                         n += 1
                         if len(pending) >= _MAT_APPEND_BATCH:
@@ -315,10 +329,11 @@ class Subtask:
                 if uploaded:
                     part = writer.persist_durably(after=0).result(timeout=plan.persist_timeout_s)
             self.mat = MatResult(version, part, tuple(uploaded), tuple(cleared), plan.full_snapshot)
-        except (DstlError, TimeoutError) as exc:
+        except Exception as exc:  # reported to the driver, which counts failures
             self.mat_error = f"{type(exc).__name__}: {exc}"
             log.warning("materialization of subtask %d failed: %s", self.index, self.mat_error)
         finally:
+            reader.close()
             if writer is not None:
                 with contextlib.suppress(DstlError):
                     writer.close()
@@ -395,6 +410,8 @@ class Subtask:
             timeout=self.plan.persist_timeout_s
         )
         t1 = time.perf_counter()
+        self._join_materialization(self.plan.persist_timeout_s)
+        t_mat = time.perf_counter() - t1
         store = self.store
         store.begin()
         backend.flush()
@@ -407,7 +424,8 @@ class Subtask:
             logged_bytes=backend.logged_bytes,
             persisted_bytes=handle.stored_bytes,
             persist_s=round(t1 - t0, 4),
-            local_commit_s=round(t2 - t1, 4),
+            mat_wait_s=round(t_mat, 4),
+            local_commit_s=round(t2 - t1 - t_mat, 4),
             state_bytes=store.size_bytes(),
             key_groups_touched=len(backend.touched),
         )
@@ -423,8 +441,19 @@ class Subtask:
             stats=self.stats,
         )
 
+    def _join_materialization(self, timeout_s: float) -> None:
+        thread = self._mat_thread
+        if thread is None:
+            return
+        thread.join(timeout_s)
+        self._mat_thread = None
+        if thread.is_alive():
+            self.mat = None
+            self.mat_error = f"materialization did not finish in {timeout_s}s"
+
     def close(self) -> None:
         """Release the store (an unfinished batch is rolled back)."""
+        self._join_materialization(self.plan.persist_timeout_s)
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -206,5 +206,5 @@ def test_overlapping_stores_of_other_ranges_are_removed(tmp_path: Path) -> None:
         with LocalKeyedStore(op / name, FULL):
             pass
     removed = remove_overlapping_stores(op, KeyGroupRange(0, 4), keep=op / "kg-0-4")
-    assert sorted(p.name for p in removed) == ["kg-0-7"]
+    assert [(p.name, log_id) for p, log_id in removed] == [("kg-0-7", "")]
     assert sorted(p.name for p in op.iterdir()) == ["kg-0-4", "kg-5-15", "kg-8-15"]

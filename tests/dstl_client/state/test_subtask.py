@@ -114,6 +114,7 @@ def test_rescale_2_3_1_gives_the_same_state(
     tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
 ) -> None:
     coord = make_coordinator(tmp_path, sidecar.address, job_id="rescale")
+    writers_before = sidecar.scrape_metrics()["dstl_writers"]
     for b, rows in enumerate(BATCHES):
         p = 2 if b < 2 else 3 if b < 4 else 1
         plan = coord.plan_batch(b, p)
@@ -126,6 +127,8 @@ def test_rescale_2_3_1_gives_the_same_state(
             # one materialization at parallelism 3, so the next restore mixes parts and logs
             coord.set_materialize_interval(0)
     assert final_state(coord, client) == reference(BATCHES)
+    # the writers of the replaced ranges were closed: one writer is left, at parallelism 1
+    assert sidecar.scrape_metrics()["dstl_writers"] - writers_before == 1
 
 
 def test_materialization_is_incremental_and_prunes_the_log(
