@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: all venv demo test lint typecheck pytest proto proto-check bench clean
+.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark clean
 
 all: test
 
@@ -16,7 +16,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The main job: a real PySpark Structured Streaming job on the DSTL (needs Java 17).
 demo: $(STAMP)
+	$(PY) examples/spark_demo.py
+
+# The sidecar alone: concurrent writers, checkpoints, truncation, a verified recovery read.
+demo-core: $(STAMP)
 	$(PY) examples/demo.py
 
 lint: $(STAMP)
@@ -37,8 +42,20 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
+# All benchmarks with their defaults (tens of minutes); the targets below take BENCH_ARGS.
 bench: $(STAMP)
+	$(PY) -m loadtest.bench
+	$(PY) -m loadtest.hedging_bench
+	$(PY) examples/spark_bench.py
+
+bench-core: $(STAMP)
 	$(PY) -m loadtest.bench $(BENCH_ARGS)
+
+bench-hedging: $(STAMP)
+	$(PY) -m loadtest.hedging_bench $(BENCH_ARGS)
+
+bench-spark: $(STAMP)
+	$(PY) examples/spark_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
