@@ -1,4 +1,4 @@
-"""The dstl demo (``make demo``): a sidecar, concurrent writers, checkpoints, recovery.
+"""The dstl core demo (``make demo-core``): a sidecar, concurrent writers, checkpoints, recovery.
 
 What it does, end to end, against a real ``dstl-server`` process on embedded
 ``file://`` storage:

@@ -1,4 +1,4 @@
-"""The dstl benchmark (``make bench`` / ``python -m loadtest.bench``).
+"""The dstl core benchmark (``make bench-core`` / ``python -m loadtest.bench``).
 
 Starts a real ``dstl-server`` process on ``file://`` storage in a temporary
 directory and drives it from several writer *processes* (each with its own

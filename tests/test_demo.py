@@ -1,4 +1,4 @@
-"""``examples/demo.py`` (``make demo``): runs to the end and verifies every byte."""
+"""``examples/demo.py`` (``make demo-core``): runs to the end and verifies every byte."""
 
 from __future__ import annotations
 
