@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import secrets
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -159,6 +160,9 @@ class ChangelogWriter:
         self.max_change_bytes = max_change_bytes
         self._buffer = ChangeBuffer(key_group_range, max_change_bytes)
         self._lock = threading.Lock()
+        # numbers the calls that change the log, within a random session (see the proto)
+        self._session = secrets.randbits(63) | 1
+        self._seq = 0
         self._closed = False
         self.last_sqn: int | None = None
 
@@ -187,12 +191,21 @@ class ChangelogWriter:
                 if buf.nbytes >= limit:
                     self._send_locked()
 
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
     def _send_locked(self) -> None:
         if not self._buffer.count:
             return
         resp = self.client._call(
             self.client._stub.Append,
-            pb.AppendRequest(log_id=self.log_id, changes=self._buffer.drain()),
+            pb.AppendRequest(
+                log_id=self.log_id,
+                changes=self._buffer.drain(),
+                session=self._session,
+                seq=self._next_seq(),
+            ),
         )
         self.last_sqn = int(resp.sqn)
 
@@ -208,7 +221,10 @@ class ChangelogWriter:
             self._check_open()
             self._send_locked()
             resp = self.client._call(
-                self.client._stub.LastAppendedSqn, pb.LastAppendedSqnRequest(log_id=self.log_id)
+                self.client._stub.LastAppendedSqn,
+                pb.LastAppendedSqnRequest(
+                    log_id=self.log_id, session=self._session, seq=self._next_seq()
+                ),
             )
             return int(resp.sqn)
 
@@ -221,9 +237,17 @@ class ChangelogWriter:
         out: concurrent.futures.Future[ChangelogHandle] = concurrent.futures.Future()
         with self._lock:
             self._check_open()
-            self._send_locked()
+            # The buffered changes travel inside the persist call: one round
+            # trip per checkpoint instead of two.
+            changes = self._buffer.drain() if self._buffer.count else []
             call = self.client._stub.PersistDurably.future(
-                pb.PersistRequest(log_id=self.log_id, after=after),
+                pb.PersistRequest(
+                    log_id=self.log_id,
+                    after=after,
+                    changes=changes,
+                    session=self._session,
+                    seq=self._next_seq(),
+                ),
                 metadata=self.client._metadata,
             )
 
@@ -247,7 +271,10 @@ class ChangelogWriter:
             self._check_open()
             self._send_locked()
             self.client._call(
-                self.client._stub.Truncate, pb.TruncateRequest(log_id=self.log_id, before=before)
+                self.client._stub.Truncate,
+                pb.TruncateRequest(
+                    log_id=self.log_id, before=before, session=self._session, seq=self._next_seq()
+                ),
             )
 
     def close(self) -> None:

@@ -81,6 +81,17 @@ class WriterClosed(DstlError):
     kind = "writer_closed"
 
 
+class CallLost(DstlError):
+    """An earlier call of this writer never reached the sidecar.
+
+    The log may have a hole, so the writer cannot go on: recreate it and
+    recover from the last checkpoint.
+    """
+
+    grpc_code = "FAILED_PRECONDITION"
+    kind = "call_lost"
+
+
 class PermissionDenied(DstlError):
     """A job asked for objects or logs of another job, or a token is wrong."""
 

@@ -7,6 +7,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from dstl_client.errors import (
+    CallLost,
+    InvalidArgument,
     KeyGroupOutOfRange,
     SqnOutOfRange,
     WriterClosed,
@@ -27,6 +29,100 @@ class UploadTask:
     nbytes: int
     preemptive: bool
     future: asyncio.Future[HandleEntry] = field(repr=False)
+
+
+class CallSequencer:
+    """Applies one writer's calls in the order its client made them.
+
+    A client-side writer object numbers its calls 1, 2, 3... (``seq``) within
+    a random ``session`` id; gRPC may hand them to the server out of order
+    (an append sent after a persist must not slip into that persist's
+    handle). ``enter`` waits until every earlier call of the session has
+    finished its ordered part; ``leave`` lets the next one in. A call waits
+    at most ``timeout_s`` for an earlier call that has *not arrived*; waiting
+    behind one that has arrived (e.g. an append under backpressure) is not
+    limited here. A call that never arrives fails the session with
+    :class:`CallLost`. A new session (the writer reopened by a later task)
+    supersedes the current one; calls of superseded sessions are refused.
+    ``seq == 0`` is unordered.
+
+    Event-loop only.
+    """
+
+    _RETIRED_KEPT = 64
+
+    def __init__(self) -> None:
+        self.session = 0
+        self.next_seq = 1
+        self._arrived: set[int] = set()
+        self._turns: dict[int, asyncio.Future[None]] = {}
+        self._retired: list[int] = []
+        self.lost: CallLost | None = None
+
+    def _switch(self, session: int) -> None:
+        if session in self._retired:
+            raise CallLost("this client of the writer was superseded by a newer one")
+        if self.session:
+            self._retired.append(self.session)
+            del self._retired[: -self._RETIRED_KEPT]
+        self.session = session
+        self.next_seq = 1
+        self._arrived.clear()
+        self.lost = None
+        self._wake_all()
+
+    async def enter(self, session: int, seq: int, timeout_s: float) -> None:
+        if seq == 0:
+            return
+        if session != self.session:
+            self._switch(session)
+        if self.lost is not None:
+            raise self.lost
+        if seq < self.next_seq or seq in self._arrived:
+            raise InvalidArgument(f"call {seq} of this writer was already received")
+        self._arrived.add(seq)
+        try:
+            while seq != self.next_seq:
+                fut = self._turns.get(seq)
+                if fut is None or fut.done():
+                    fut = self._turns[seq] = asyncio.get_running_loop().create_future()
+                try:
+                    await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+                except TimeoutError:
+                    missing = [s for s in range(self.next_seq, seq) if s not in self._arrived]
+                    if missing:
+                        self.lost = CallLost(
+                            f"call {missing[0]} of this writer never reached the sidecar "
+                            f"(waited {timeout_s:.0f}s); recreate the writer and recover "
+                            "from the last checkpoint"
+                        )
+                        self._wake_all()
+                if session != self.session:
+                    raise CallLost("this client of the writer was superseded by a newer one")
+                if self.lost is not None:
+                    raise self.lost
+        except BaseException:
+            if session == self.session:
+                self._arrived.discard(seq)
+            raise
+        finally:
+            if session == self.session:
+                self._turns.pop(seq, None)
+
+    def leave(self, session: int, seq: int) -> None:
+        if seq == 0 or session != self.session or seq != self.next_seq:
+            return
+        self._arrived.discard(seq)
+        self.next_seq = seq + 1
+        fut = self._turns.get(self.next_seq)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def _wake_all(self) -> None:
+        for fut in self._turns.values():
+            if not fut.done():
+                fut.set_result(None)
+        self._turns.clear()
 
 
 class WriterLog:
@@ -60,6 +156,7 @@ class WriterLog:
         self.truncated_before = INITIAL_SQN
         self.pending_bytes = 0
         self.closed = False
+        self.calls = CallSequencer()
 
     # ------------------------------------------------------------- appends
     def check_open(self) -> None:

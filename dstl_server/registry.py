@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dstl_client.errors import (
     ChangeTooLarge,
@@ -28,6 +29,17 @@ from dstl_server.uploader import Uploader
 log = logging.getLogger(__name__)
 
 _MAX_KEY_GROUP = 1 << 24
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPersist:
+    """A persist between its synchronous part and its handle."""
+
+    log: WriterLog
+    after: int
+    to_sqn: int
+    parts: list[HandleEntry | UploadTask]
+    started: float
 
 
 class LogRegistry:
@@ -155,10 +167,18 @@ class LogRegistry:
 
     async def persist(self, log_id: str, after: int) -> ChangelogHandle:
         """Durable handle for every change of the writer with SQN >= ``after``."""
+        return await self.finish_persist(self.begin_persist(log_id, after))
+
+    def begin_persist(self, log_id: str, after: int) -> PendingPersist:
+        """The synchronous part: close the changeset, queue what is new, collect sections.
+
+        Changes appended after this call are not in the handle, whatever
+        happens while the uploads run.
+        """
         started = time.perf_counter()
         self.metrics.persist_requests.inc()
-        wl = self.get(log_id)
         try:
+            wl = self.get(log_id)
             wl.check_open()
             wl.check_persist_from(after)
             to_sqn = wl.rollover()
@@ -166,8 +186,17 @@ class LogRegistry:
             if new:
                 self._submit(wl, new, preemptive=False)
             parts = wl.sections_from(after)
+        except DstlError:
+            self.metrics.persist_failures.inc()
+            raise
+        return PendingPersist(wl, after, to_sqn, parts, started)
+
+    async def finish_persist(self, pending: PendingPersist) -> ChangelogHandle:
+        """Wait for the uploads the persist needs; build its handle."""
+        wl = pending.log
+        try:
             entries: list[HandleEntry] = []
-            for part in parts:
+            for part in pending.parts:
                 if isinstance(part, UploadTask):
                     entry = await asyncio.shield(part.future)
                 else:
@@ -175,14 +204,19 @@ class LogRegistry:
                 if not entries or entries[-1] != entry:
                     entries.append(entry)
             handle = ChangelogHandle(
-                wl.job_id, wl.log_id, wl.key_group_range, after, to_sqn, tuple(entries)
+                wl.job_id,
+                wl.log_id,
+                wl.key_group_range,
+                pending.after,
+                pending.to_sqn,
+                tuple(entries),
             )
         except DstlError as exc:
             self.metrics.persist_failures.inc()
             if isinstance(exc, UploadFailed):
-                log.warning("persist of writer %s failed: %s", log_id, exc.message)
+                log.warning("persist of writer %s failed: %s", wl.log_id, exc.message)
             raise
-        self.metrics.persist_latency.observe(time.perf_counter() - started)
+        self.metrics.persist_latency.observe(time.perf_counter() - pending.started)
         return handle
 
     def truncate(self, log_id: str, before: int) -> None:

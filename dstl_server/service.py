@@ -9,9 +9,10 @@ client raises the same class. Anything else is logged and becomes INTERNAL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
@@ -100,6 +101,16 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         if self._in_flight == 0:
             self._idle.set()
 
+    @contextlib.asynccontextmanager
+    async def _in_order(self, log_id: str, session: int, seq: int) -> AsyncIterator[None]:
+        """Run the ordered part of a writer's call after its earlier calls."""
+        calls = self.registry.get(log_id).calls
+        await calls.enter(session, seq, self.registry.settings.call_order_timeout_s)
+        try:
+            yield
+        finally:
+            calls.leave(session, seq)
+
     def stop_accepting(self) -> None:
         """Refuse new calls with ShuttingDown; running ones go on."""
         self._accepting = False
@@ -135,32 +146,39 @@ class ChangelogService(pb_grpc.ChangelogServicer):
     async def Append(
         self, request: pb.AppendRequest, context: grpc.aio.ServicerContext
     ) -> pb.AppendResponse:
-        batches = [
-            (c.key_group, PackedChanges(c.count, c.sizes, c.payload)) for c in request.changes
-        ]
+        batches = _batches(request.changes)
         if not batches:
             raise InvalidArgument("empty append batch")
-        sqn = await self.registry.append(request.log_id, batches)
+        async with self._in_order(request.log_id, request.session, request.seq):
+            sqn = await self.registry.append(request.log_id, batches)
         return pb.AppendResponse(sqn=sqn)
 
     @_unary
     async def LastAppendedSqn(
         self, request: pb.LastAppendedSqnRequest, context: grpc.aio.ServicerContext
     ) -> pb.SqnResponse:
-        return pb.SqnResponse(sqn=self.registry.last_appended_sqn(request.log_id))
+        async with self._in_order(request.log_id, request.session, request.seq):
+            sqn = self.registry.last_appended_sqn(request.log_id)
+        return pb.SqnResponse(sqn=sqn)
 
     @_unary
     async def PersistDurably(
         self, request: pb.PersistRequest, context: grpc.aio.ServicerContext
     ) -> pb.PersistResponse:
-        handle = await self.registry.persist(request.log_id, request.after)
+        async with self._in_order(request.log_id, request.session, request.seq):
+            if request.changes:
+                await self.registry.append(request.log_id, _batches(request.changes))
+            pending = self.registry.begin_persist(request.log_id, request.after)
+        # Later calls of the writer may go on while the uploads run.
+        handle = await self.registry.finish_persist(pending)
         return pb.PersistResponse(handle=handle.to_proto())
 
     @_unary
     async def Truncate(
         self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext
     ) -> pb.TruncateResponse:
-        self.registry.truncate(request.log_id, request.before)
+        async with self._in_order(request.log_id, request.session, request.seq):
+            self.registry.truncate(request.log_id, request.before)
         return pb.TruncateResponse()
 
     @_unary
@@ -211,6 +229,10 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         deleted = await self.store.delete(keys) if keys else 0
         self.metrics.discarded_objects.inc(deleted)
         return pb.DiscardObjectsResponse(deleted=deleted)
+
+
+def _batches(changes: Iterable[pb.KeyGroupChanges]) -> list[tuple[int, PackedChanges]]:
+    return [(c.key_group, PackedChanges(c.count, c.sizes, c.payload)) for c in changes]
 
 
 def register(server: grpc.aio.Server, service: ChangelogService) -> Any:

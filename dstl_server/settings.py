@@ -98,6 +98,12 @@ class ServerSettings:
     s3_verify_tls: bool = _setting(True, "Verify the S3 endpoint's TLS certificate.")
     s3_ca_bundle: str = _setting("", "PEM CA bundle to verify the S3 endpoint with.")
     s3_max_connections: int = _setting(32, "Size of the S3 connection pool.")
+    call_order_timeout_s: float = _setting(
+        10.0,
+        "How long a writer's call waits for an earlier call that has not arrived yet before "
+        "the writer is failed with CALL_LOST.",
+        unit="s",
+    )
     max_writers: int = _setting(10_000, "Writers registered at the same time.")
     auth_token: str = _setting(
         "", "Shared token callers must send as 'authorization: Bearer <token>' (empty: none)."
@@ -135,7 +141,12 @@ class ServerSettings:
         for name in ("persist_delay_ms", "upload_retry_base_delay_ms"):
             if getattr(self, name) < 0:
                 raise bad(name, "must be >= 0")
-        for name in ("backpressure_timeout_s", "upload_timeout_s", "shutdown_grace_s"):
+        for name in (
+            "backpressure_timeout_s",
+            "upload_timeout_s",
+            "shutdown_grace_s",
+            "call_order_timeout_s",
+        ):
             if getattr(self, name) <= 0:
                 raise bad(name, "must be > 0")
         for name in (

@@ -85,6 +85,7 @@ class BenchConfig:
     warmup_rounds: int = 3
     round_bytes: int = 16 * 1024
     round_interval_s: float = 0.1
+    appends_with_persist: bool = False
     max_processes: int = min(4, os.cpu_count() or 1)
     persist_delay_ms: float = 10.0
     fsync: bool = True
@@ -362,6 +363,7 @@ class Bench:
             round_bytes=cfg.round_bytes,
             round_interval_s=cfg.round_interval_s,
             warmup_rounds=cfg.warmup_rounds,
+            appends_with_persist=cfg.appends_with_persist,
         )
         before, cpu0 = self._scrape(), self._cpu_s()
         results = self._run_writers(
@@ -741,6 +743,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"time between checkpoint rounds (default {d.round_interval_s * 1000:g})",
     )
     p.add_argument(
+        "--appends-with-persist",
+        action="store_true",
+        default=None,
+        help="checkpoint runs: each round's appends travel inside the persist call "
+        "(the real checkpoint path) instead of being sent before the timer starts",
+    )
+    p.add_argument(
         "--max-processes",
         type=_positive(int),
         help=f"writer processes in the checkpoint runs (default {d.max_processes})",
@@ -789,6 +798,7 @@ def config_from_args(ns: argparse.Namespace) -> BenchConfig:
         "max_processes": ns.max_processes,
         "persist_delay_ms": ns.persist_delay_ms,
         "fsync": ns.fsync,
+        "appends_with_persist": ns.appends_with_persist,
     }
     cfg = replace(cfg, **{k: v for k, v in flags.items() if v is not None})
     if cfg.warmup_rounds >= cfg.rounds:

@@ -57,6 +57,9 @@ class WriterPlan:
     warmup_rounds: int = 0
     materialize_every: int = 5
     key_groups_per_writer: int = 128
+    #: rounds mode: leave the round's appends buffered so they travel inside the
+    #: persist call (the real checkpoint path) instead of flushing them first
+    appends_with_persist: bool = False
 
 
 @dataclass(slots=True)
@@ -158,7 +161,8 @@ def _rounds(
     materialized = 0
     for r in range(plan.rounds):
         w.append_many(batch)
-        w.flush()  # appends travel before the barrier: the timer sees the persist only
+        if not plan.appends_with_persist:
+            w.flush()  # appends travel before the barrier: the timer sees the persist only
         res.changes += per_round
         res.payload_bytes += per_round * plan.change_bytes
         round_barrier.wait(WAIT_TIMEOUT_S)

@@ -123,11 +123,23 @@ Global___KeyGroupChanges: _TypeAlias = KeyGroupChanges  # noqa: Y015
 
 @_typing.final
 class AppendRequest(_message.Message):
+    """`seq` (on every call that changes a writer's log) numbers the calls of one
+    client session of the writer 1, 2, 3... in the order the client made them;
+    the sidecar applies them in that order even if they arrive out of order.
+    `session` is a random id per client-side writer object: a new session (the
+    writer reopened by a later task) supersedes the previous one, whose late
+    calls are refused. seq 0 = unordered.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     LOG_ID_FIELD_NUMBER: _builtins.int
     CHANGES_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
     log_id: _builtins.str
+    session: _builtins.int
+    seq: _builtins.int
     @_builtins.property
     def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___KeyGroupChanges]: ...
     def __init__(
@@ -135,10 +147,12 @@ class AppendRequest(_message.Message):
         *,
         log_id: _builtins.str = ...,
         changes: _abc.Iterable[Global___KeyGroupChanges] | None = ...,
+        session: _builtins.int = ...,
+        seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "log_id", b"log_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "log_id", b"log_id", "seq", b"seq", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -169,15 +183,21 @@ class LastAppendedSqnRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     LOG_ID_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
     log_id: _builtins.str
+    session: _builtins.int
+    seq: _builtins.int
     def __init__(
         self,
         *,
         log_id: _builtins.str = ...,
+        session: _builtins.int = ...,
+        seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["log_id", b"log_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["log_id", b"log_id", "seq", b"seq", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -208,17 +228,31 @@ class PersistRequest(_message.Message):
 
     LOG_ID_FIELD_NUMBER: _builtins.int
     AFTER_FIELD_NUMBER: _builtins.int
+    CHANGES_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
     log_id: _builtins.str
     after: _builtins.int
+    session: _builtins.int
+    seq: _builtins.int
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___KeyGroupChanges]:
+        """Changes appended just before the persist, applied first (saves a round
+        trip per checkpoint; same validation as Append, all or nothing).
+        """
+
     def __init__(
         self,
         *,
         log_id: _builtins.str = ...,
         after: _builtins.int = ...,
+        changes: _abc.Iterable[Global___KeyGroupChanges] | None = ...,
+        session: _builtins.int = ...,
+        seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "log_id", b"log_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "changes", b"changes", "log_id", b"log_id", "seq", b"seq", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -328,17 +362,23 @@ class TruncateRequest(_message.Message):
 
     LOG_ID_FIELD_NUMBER: _builtins.int
     BEFORE_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
     log_id: _builtins.str
     before: _builtins.int
+    session: _builtins.int
+    seq: _builtins.int
     def __init__(
         self,
         *,
         log_id: _builtins.str = ...,
         before: _builtins.int = ...,
+        session: _builtins.int = ...,
+        seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["before", b"before", "log_id", b"log_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["before", b"before", "log_id", b"log_id", "seq", b"seq", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
