@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -148,30 +147,17 @@ class ServerProcess:
 
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM and wait: the clean shutdown path. Returns the exit code."""
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout_s)
+            return stop_process(self.proc, timeout_s, force=False)
         finally:
-            self._reap()
+            self._close_stderr()
 
     def kill(self) -> None:
         """SIGKILL: a crash, nothing flushed."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-        self._reap()
+        stop_process(self.proc, 0)
+        self._close_stderr()
 
-    def _reap(self) -> None:
-        if self.proc is not None:
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
+    def _close_stderr(self) -> None:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
@@ -180,9 +166,36 @@ class ServerProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        deadline = time.monotonic() + 10
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            while self.proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-        self.kill()
+        stop_process(self.proc, 10.0)
+        self._close_stderr()
+
+
+def stop_process(
+    proc: subprocess.Popen[Any] | None, term_timeout_s: float, *, force: bool = True
+) -> int:
+    """Stop a child process and reap it; returns its exit code. Idempotent.
+
+    SIGTERM, then wait ``term_timeout_s`` (0: SIGKILL at once); if it is
+    still running then, SIGKILL. With ``force=False`` that case also raises
+    ``TimeoutExpired`` (after the kill), so a caller testing clean shutdown
+    sees it. Closes its stdout pipe.
+    """
+    if proc is None:
+        return 0
+    try:
+        if proc.poll() is None:
+            if term_timeout_s > 0:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(term_timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+                    if not force:
+                        raise
+            if proc.poll() is None:
+                proc.kill()
+        return proc.wait(10)
+    finally:
+        if proc.stdout is not None and proc.poll() is not None:
+            proc.stdout.close()

@@ -58,6 +58,8 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from dstl_server.testing import stop_process
+
 __all__ = ["FaultConfig", "FaultProxyProcess", "LatencySpec", "S3FaultProxy"]
 
 #: headers that belong to one connection, never forwarded
@@ -585,20 +587,7 @@ class FaultProxyProcess:
 
     def stop(self) -> None:
         """SIGTERM (SIGKILL after 10 s) and reap; idempotent."""
-        if self.proc is None:
-            if self._stderr is not None:
-                self._stderr.close()
-                self._stderr = None
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        stop_process(self.proc, 10.0)
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None

@@ -46,13 +46,9 @@ async def store(
 
 
 @pytest.fixture
-async def direct(weed_s3: SeaweedS3, s3_prefix: str) -> AsyncIterator[S3BlobStore]:
+def direct(s3_store: S3BlobStore) -> S3BlobStore:
     """The same prefix, straight to weed (to see what really landed)."""
-    s = store_for(weed_s3, s3_prefix)
-    try:
-        yield s
-    finally:
-        await s.close()
+    return s3_store
 
 
 async def keys(store: S3BlobStore) -> list[str]:
