@@ -92,11 +92,46 @@ class CallLost(DstlError):
     kind = "call_lost"
 
 
+class WriterFailed(DstlError):
+    """An earlier call of this writer failed in a way that may have lost changes.
+
+    Raised by the client for every call after a failed send of appended
+    changes (an ``Append`` refused under backpressure, a persist that carried
+    changes and failed, a lost connection): ``append()`` had already returned
+    for those changes, so the writer can no longer promise a complete log.
+    Sticky: every later call raises it until the writer is recreated and the
+    job recovers from its last checkpoint. ``cause`` is the original error.
+    The sidecar raises it too, for later calls of a session whose
+    data-carrying call it refused.
+    """
+
+    grpc_code = "FAILED_PRECONDITION"
+    kind = "writer_failed"
+
+    def __init__(self, message: str, *, cause: DstlError | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 class PermissionDenied(DstlError):
-    """A job asked for objects or logs of another job, or a token is wrong."""
+    """A caller asked for logs, handles or objects of a job its credential is not for."""
 
     grpc_code = "PERMISSION_DENIED"
     kind = "permission_denied"
+
+
+class Unauthenticated(PermissionDenied):
+    """No credential, or one the sidecar does not accept (wrong, malformed, too weak)."""
+
+    grpc_code = "UNAUTHENTICATED"
+    kind = "unauthenticated"
+
+
+class TooManyWriters(DstlError):
+    """A writer quota is full: the node's ``max_writers`` or the job's ``max_writers_per_job``."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+    kind = "too_many_writers"
 
 
 class Backpressure(DstlError):

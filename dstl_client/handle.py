@@ -23,6 +23,15 @@ from dstl_client.errors import InvalidHandle
 
 HANDLE_VERSION = 1
 
+#: bounds of a handle's numbers: anything larger cannot come from a sidecar
+#: (objects are far smaller), so it is refused before any read is sized by it
+MAX_OBJECT_OFFSET = 1 << 40
+MAX_SECTION_BYTES = 1 << 34
+MAX_SQN = (1 << 63) - 1
+MAX_KEY_GROUP = (1 << 24) - 1
+MAX_ENTRIES = 100_000
+MAX_OBJECT_KEY_CHARS = 1024
+
 
 @dataclass(frozen=True, slots=True)
 class HandleEntry:
@@ -48,19 +57,27 @@ class ChangelogHandle:
 
     def __post_init__(self) -> None:
         first, last = self.key_group_range
-        if first > last or first < 0:
+        if not 0 <= first <= last <= MAX_KEY_GROUP:
             raise InvalidHandle(f"bad key-group range {self.key_group_range}")
-        if self.to_sqn < self.from_sqn:
+        if not 0 <= self.from_sqn <= self.to_sqn <= MAX_SQN:
             raise InvalidHandle(f"bad SQN range [{self.from_sqn}, {self.to_sqn})")
+        if len(self.entries) > MAX_ENTRIES:
+            raise InvalidHandle(f"{len(self.entries)} entries (at most {MAX_ENTRIES})")
         prev_end = -1
         for e in self.entries:
-            if not e.object_key or e.length <= 0 or e.end_sqn <= e.first_sqn:
-                raise InvalidHandle(f"bad handle entry {e}")
+            if (
+                not e.object_key
+                or len(e.object_key) > MAX_OBJECT_KEY_CHARS
+                or not 0 <= e.offset <= MAX_OBJECT_OFFSET
+                or not 0 < e.length <= MAX_SECTION_BYTES
+                or not 0 <= e.first_sqn < e.end_sqn <= MAX_SQN
+            ):
+                raise InvalidHandle(f"bad handle entry {_short(e)}")
             if e.first_sqn < prev_end:
                 raise InvalidHandle("handle entries overlap or are out of SQN order")
             prev_end = e.end_sqn
         if len(self.log_id) != 32:
-            raise InvalidHandle(f"bad log id {self.log_id!r}")
+            raise InvalidHandle(f"bad log id {self.log_id[:40]!r}")
         try:
             bytes.fromhex(self.log_id)
         except ValueError as exc:
@@ -154,3 +171,12 @@ class ChangelogHandle:
             hs[-1].to_sqn,
             tuple(entries),
         )
+
+
+def _short(entry: HandleEntry) -> str:
+    """An entry for an error message, with its key cut short."""
+    key = entry.object_key if len(entry.object_key) <= 80 else entry.object_key[:77] + "..."
+    return (
+        f"(key={key!r}, offset={entry.offset}, length={entry.length}, "
+        f"sqn=[{entry.first_sqn}, {entry.end_sqn}))"
+    )

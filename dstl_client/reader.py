@@ -74,6 +74,11 @@ class HandleReader:
         else:
             prefix = await self._get(entry, 0, min(entry.length, LOG_FIXED_SIZE))
             hlen = log_header_length(prefix)
+            if hlen > entry.length:
+                raise CorruptObject(
+                    f"{entry.object_key}@{entry.offset}: log header of {hlen} bytes does not "
+                    f"fit the {entry.length}-byte section"
+                )
             index = parse_log_header(await self._get(entry, 0, hlen), entry.length)
         if index.log_id.hex() != handle.log_id:
             raise CorruptObject(

@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from dstl_client._pb import dstl_pb2
-from dstl_server.auth import TokenAuthInterceptor
+from dstl_server.auth import Authenticator, TokenAuthInterceptor
 from dstl_server.hedging import make_uploader
 from dstl_server.metrics import ServerMetrics
 from dstl_server.registry import LogRegistry
@@ -58,7 +58,11 @@ class DstlServer:
         # HedgingUploader unless hedge_mode is 'off' (then RetryingUploader).
         self.uploader = uploader or make_uploader(self.store, settings, self.metrics)
         self.registry = LogRegistry(settings, self.uploader, self.metrics)
-        self.service = ChangelogService(self.registry, self.store, self.metrics, self.epoch)
+        self.auth = Authenticator(settings.auth_secret) if settings.auth_secret else None
+        self.service = ChangelogService(
+            self.registry, self.store, self.metrics, self.epoch, self.auth
+        )
+        self._sweeper: asyncio.Task[None] | None = None
         self.health = health.aio.HealthServicer()
         self.port: int | None = None
         self.metrics_port: int | None = None
@@ -76,7 +80,10 @@ class DstlServer:
 
     async def start(self) -> None:
         s = self.settings
-        interceptors = [TokenAuthInterceptor(s.auth_token)] if s.auth_token else []
+        interceptors = []
+        if self.auth is not None:
+            refusals = self.metrics.auth_refusals.labels("unauthenticated")
+            interceptors.append(TokenAuthInterceptor(self.auth, refusals.inc))
         options = [
             ("grpc.max_receive_message_length", s.max_request_bytes),
             ("grpc.max_send_message_length", s.max_request_bytes),
@@ -126,6 +133,7 @@ class DstlServer:
                 ) from exc
             self._metrics_http = httpd
             self.metrics_port = httpd.server_address[1]
+        self._sweeper = asyncio.get_running_loop().create_task(self._expire_idle_writers())
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.warning(
@@ -136,11 +144,26 @@ class DstlServer:
             self.metrics_port,
         )
 
-    async def stop(self) -> None:
-        """Stop accepting, finish in-flight uploads (within the grace), close."""
+    async def _expire_idle_writers(self) -> None:
+        """Close writers whose client stopped calling (one task, the server's loop)."""
+        period = min(60.0, self.settings.writer_idle_timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            self.registry.expire_idle()
+
+    async def stop(self) -> int:
+        """Stop accepting, finish in-flight uploads (within the grace), close.
+
+        Returns how many persist calls were still waiting for their uploads
+        when the grace ran out: they are failed with a typed
+        :class:`ShuttingDown` (never a bare cancellation), counted in
+        ``dstl_persists_abandoned_total`` and logged; the CLI exits non-zero.
+        """
         if self._stopped.is_set():
-            return
+            return 0
         self._stopped.set()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         await self.health.enter_graceful_shutdown()
         grace = self.settings.shutdown_grace_s
         deadline = loop_time() + grace
@@ -148,9 +171,21 @@ class DstlServer:
         # for uploads) go on while the registry flushes its queues.
         self.service.stop_accepting()
         drained = await self.registry.drain(grace)
+        abandoned = 0
         if not drained:
-            log.warning("shutdown: uploads still running after %.1fs grace", grace)
-        if not await self.service.wait_idle(max(0.0, deadline - loop_time())):
+            abandoned = self.registry.abandon(
+                f"the sidecar stopped before this upload finished (shutdown grace of {grace:g}s "
+                "ran out): the changes are not durable; recover from the last checkpoint"
+            )
+            self.metrics.persists_abandoned.inc(abandoned)
+            log.error(
+                "shutdown: uploads still running after %.1fs grace; %d waiting persist(s) "
+                "failed with SHUTTING_DOWN",
+                grace,
+                abandoned,
+            )
+        # the handlers of abandoned persists answer now, with their typed error
+        if not await self.service.wait_idle(max(1.0, deadline - loop_time())):
             log.warning("shutdown: calls still running after %.1fs grace", grace)
         # Only long-lived streams (health Watch) can be left: cut them now
         # instead of holding the exit for the whole grace period.
@@ -164,6 +199,7 @@ class DstlServer:
         await self.store.close()
         if self.settings.unix_socket:
             Path(self.settings.unix_socket).unlink(missing_ok=True)
+        return abandoned
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

@@ -17,12 +17,15 @@ from dstl_server.settings import ServerSettings, env_name
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dstl-server",
+        allow_abbrev=False,  # "--auth-secret" must not silently mean "--auth-secret-file"
         description="Durable Short-term Log sidecar: batches state changes of every "
         "executor on this node into one object per flush.",
         epilog="Every flag can also be set with the DSTL_* environment variable shown; "
         "a flag wins over the environment.",
     )
     for f in fields(ServerSettings):
+        if f.metadata["env_only"]:
+            continue  # secrets: environment or file only, never visible in `ps`
         flag = "--" + f.name.replace("_", "-")
         unit = f" [{f.metadata['unit']}]" if f.metadata["unit"] else ""
         help_text = f"{f.metadata['doc']}{unit} (default {f.default!r}; env {env_name(f.name)})"
@@ -44,10 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--print-config", action="store_true", help="print the effective settings and exit"
     )
+    parser.add_argument(
+        "--print-token",
+        metavar="JOB_ID|admin",
+        help="print the token of job JOB_ID (or the operator's admin token) derived from the "
+        "configured auth secret, and exit",
+    )
     return parser
 
 
-async def serve(settings: ServerSettings) -> None:
+async def serve(settings: ServerSettings) -> int:
+    """Run until SIGTERM/SIGINT; return how many in-flight persists shutdown cut off."""
     from dstl_server.app import DstlServer
 
     server = DstlServer(settings)
@@ -62,7 +72,7 @@ async def serve(settings: ServerSettings) -> None:
         flush=True,
     )
     await stop.wait()
-    await server.stop()
+    return await server.stop()
 
 
 def _fix_malloc_mmap_threshold() -> None:
@@ -90,7 +100,11 @@ def _fix_malloc_mmap_threshold() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
-    overrides = {k: v for k, v in vars(ns).items() if k != "print_config" and v is not None}
+    overrides = {
+        k: v
+        for k, v in vars(ns).items()
+        if k not in ("print_config", "print_token") and v is not None
+    }
     try:
         settings = ServerSettings.from_sources(overrides)
     except ConfigError as exc:
@@ -99,9 +113,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.print_config:
         for f in fields(settings):
             value = getattr(settings, f.name)
-            if f.name == "auth_token" and value:
+            if f.metadata["env_only"] and value:
                 value = "***"
             print(f"{f.name} = {value!r}")
+        return 0
+    if ns.print_token is not None:
+        from dstl_server.auth import Authenticator
+
+        if not settings.auth_secret:
+            print("dstl-server: --print-token needs an auth secret", file=sys.stderr)
+            return 2
+        auth = Authenticator(settings.auth_secret)
+        try:
+            print(
+                auth.admin_token() if ns.print_token == "admin" else auth.job_token(ns.print_token)
+            )
+        except ConfigError as exc:
+            print(f"dstl-server: {exc.message}", file=sys.stderr)
+            return 2
         return 0
     from dstl_server.logs import setup_logging
 
@@ -110,10 +139,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import uvloop
 
-        uvloop.run(serve(settings))
+        abandoned = uvloop.run(serve(settings))
     except OSError as exc:
         print(f"dstl-server: cannot start: {exc}", file=sys.stderr)
         return 1
+    if abandoned:
+        print(
+            f"dstl-server: shutdown cut off {abandoned} in-flight persist(s) "
+            f"(shutdown_grace_s={settings.shutdown_grace_s:g} ran out); their callers got "
+            "SHUTTING_DOWN",
+            file=sys.stderr,
+        )
+        return 3
     return 0
 
 

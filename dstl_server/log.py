@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from dstl_client.errors import (
     CallLost,
+    DstlError,
     InvalidArgument,
     KeyGroupOutOfRange,
     SqnOutOfRange,
@@ -17,6 +18,16 @@ from dstl_client.format import Changeset, PackedChanges
 from dstl_client.handle import HandleEntry
 
 INITIAL_SQN = 0
+
+#: what the sidecar holds per appended key-group part beyond its bytes (the
+#: part object, its two bytes objects and its list/dict slots), charged to the
+#: memory budget so that many tiny parts cannot hold memory the budget misses
+PART_OVERHEAD_BYTES = 256
+
+
+def held_bytes(changeset: Changeset) -> int:
+    """Bytes the budget charges for a changeset: data plus per-part overhead."""
+    return sum(p.nbytes + PART_OVERHEAD_BYTES for parts in changeset.groups.values() for p in parts)
 
 
 @dataclass(slots=True, eq=False)
@@ -46,10 +57,20 @@ class CallSequencer:
     supersedes the current one; calls of superseded sessions are refused.
     ``seq == 0`` is unordered.
 
+    Bounded whatever numbers a caller sends: a call more than ``MAX_AHEAD``
+    calls ahead of the next expected one fails the session (no client has
+    that many calls of one writer in flight), so the set of arrived calls and
+    the search for a missing one never exceed ``MAX_AHEAD`` entries. A
+    session can also be failed explicitly (:meth:`fail`) when a call that
+    carried changes was refused after it entered the order: its later calls
+    must not be applied over the hole.
+
     Event-loop only.
     """
 
     _RETIRED_KEPT = 64
+    #: most calls of one session that may wait for an earlier one
+    MAX_AHEAD = 1024
 
     def __init__(self) -> None:
         self.session = 0
@@ -57,7 +78,7 @@ class CallSequencer:
         self._arrived: set[int] = set()
         self._turns: dict[int, asyncio.Future[None]] = {}
         self._retired: list[int] = []
-        self.lost: CallLost | None = None
+        self.lost: DstlError | None = None
 
     def _switch(self, session: int) -> None:
         if session in self._retired:
@@ -71,6 +92,19 @@ class CallSequencer:
         self.lost = None
         self._wake_all()
 
+    def fail(self, session: int, exc: DstlError) -> None:
+        """Refuse every later call of ``session`` with ``exc`` (a call left a hole)."""
+        if session == self.session and self.lost is None:
+            self.lost = exc
+            self._wake_all()
+
+    def _first_missing(self, seq: int) -> int | None:
+        """The first call before ``seq`` that has not arrived (at most MAX_AHEAD steps)."""
+        s = self.next_seq
+        while s < seq and s in self._arrived:
+            s += 1
+        return s if s < seq else None
+
     async def enter(self, session: int, seq: int, timeout_s: float) -> None:
         if seq == 0:
             return
@@ -80,6 +114,18 @@ class CallSequencer:
             raise self.lost
         if seq < self.next_seq or seq in self._arrived:
             raise InvalidArgument(f"call {seq} of this writer was already received")
+        if seq - self.next_seq >= self.MAX_AHEAD:
+            self.fail(
+                session,
+                CallLost(
+                    f"call {seq} arrived while call {self.next_seq} is the next expected: "
+                    f"at most {self.MAX_AHEAD} calls of a writer may be in flight; the "
+                    "writer's calls are out of step, recreate it and recover from the "
+                    "last checkpoint"
+                ),
+            )
+            assert self.lost is not None
+            raise self.lost
         self._arrived.add(seq)
         try:
             while seq != self.next_seq:
@@ -89,14 +135,17 @@ class CallSequencer:
                 try:
                     await asyncio.wait_for(asyncio.shield(fut), timeout_s)
                 except TimeoutError:
-                    missing = [s for s in range(self.next_seq, seq) if s not in self._arrived]
-                    if missing:
-                        self.lost = CallLost(
-                            f"call {missing[0]} of this writer never reached the sidecar "
-                            f"(waited {timeout_s:.0f}s); recreate the writer and recover "
-                            "from the last checkpoint"
+                    missing = self._first_missing(seq)
+                    if missing is not None and session == self.session:
+                        self.fail(
+                            session,
+                            CallLost(
+                                f"call {missing} of this writer never reached the sidecar "
+                                f"within {timeout_s:g}s (lost, or refused before it could "
+                                "be read, e.g. larger than max_request_bytes); recreate the "
+                                "writer and recover from the last checkpoint"
+                            ),
                         )
-                        self._wake_all()
                 if session != self.session:
                     raise CallLost("this client of the writer was superseded by a newer one")
                 if self.lost is not None:
@@ -157,6 +206,8 @@ class WriterLog:
         self.pending_bytes = 0
         self.closed = False
         self.calls = CallSequencer()
+        #: loop time of the writer's last call (the idle-writer sweep reads it)
+        self.last_call = 0.0
 
     # ------------------------------------------------------------- appends
     def check_open(self) -> None:
@@ -176,7 +227,7 @@ class WriterLog:
             self.active[key_group] = [packed]
         else:
             parts.append(packed)
-        n = packed.nbytes
+        n = packed.nbytes + PART_OVERHEAD_BYTES
         self.active_bytes += n
         self.pending_bytes += n
 
@@ -190,7 +241,7 @@ class WriterLog:
         return self.active_sqn
 
     def unuploaded_bytes(self) -> int:
-        return self.active_bytes + sum(cs.nbytes for cs in self.not_uploaded.values())
+        return self.active_bytes + sum(held_bytes(cs) for cs in self.not_uploaded.values())
 
     # ------------------------------------------------------------- persists
     def check_persist_from(self, after: int) -> None:
@@ -241,13 +292,13 @@ class WriterLog:
                 del self.uploading[cs.sqn]
             keep = not self.closed and cs.sqn >= self.truncated_before
             if entry is not None:
-                freed += cs.nbytes
+                freed += held_bytes(cs)
                 if keep:
                     self.uploaded[cs.sqn] = entry
             elif keep:
                 self.not_uploaded[cs.sqn] = cs
             else:
-                freed += cs.nbytes
+                freed += held_bytes(cs)
         self.pending_bytes -= freed
         return freed
 
@@ -263,7 +314,7 @@ class WriterLog:
         self.truncated_before = before
         freed = 0
         for sqn in [s for s in self.not_uploaded if s < before]:
-            freed += self.not_uploaded.pop(sqn).nbytes
+            freed += held_bytes(self.not_uploaded.pop(sqn))
         for sqn in [s for s in self.uploaded if s < before]:
             del self.uploaded[sqn]
         self.pending_bytes -= freed
@@ -272,7 +323,7 @@ class WriterLog:
     def close(self) -> int:
         """Drop active and not-uploaded changes; return bytes freed from memory."""
         self.closed = True
-        freed = self.active_bytes + sum(cs.nbytes for cs in self.not_uploaded.values())
+        freed = self.active_bytes + sum(held_bytes(cs) for cs in self.not_uploaded.values())
         self.active = {}
         self.active_bytes = 0
         self.not_uploaded.clear()

@@ -14,13 +14,14 @@ from dstl_client.errors import (
     InvalidArgument,
     LogNotFound,
     ShuttingDown,
+    TooManyWriters,
     UploadFailed,
 )
 from dstl_client.format import Changeset, PackedChanges, check_packed
 from dstl_client.handle import ChangelogHandle, HandleEntry
 from dstl_server.batching import BatchingScheduler
 from dstl_server.keys import check_job_id
-from dstl_server.log import UploadTask, WriterLog
+from dstl_server.log import PART_OVERHEAD_BYTES, UploadTask, WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.settings import ServerSettings
 from dstl_server.throttle import MemoryBudget
@@ -67,15 +68,19 @@ class LogRegistry:
             settings.max_in_flight_bytes, settings.backpressure_timeout_s, self._relieve_pressure
         )
         self._stopping = False
+        #: persist calls waiting for their uploads right now
+        self.waiting_persists = 0
 
     # ---------------------------------------------------------------- lookup
     def get(self, log_id: str) -> WriterLog:
         wl = self._logs.get(log_id)
         if wl is None:
             raise LogNotFound(
-                f"unknown writer {log_id!r}: never created, closed, or the sidecar restarted "
-                "(unpersisted changes are gone; recover from the last checkpoint)"
+                f"unknown writer {log_id[:64]!r}: never created, closed, expired after "
+                f"{self.settings.writer_idle_timeout_s:g}s without a call, or the sidecar "
+                "restarted (unpersisted changes are gone; recover from the last checkpoint)"
             )
+        wl.last_call = time.monotonic()
         return wl
 
     def __len__(self) -> int:
@@ -112,8 +117,20 @@ class LogRegistry:
                 f"bad key-group range [{first}, {last}]: need 0 <= first <= last < {_MAX_KEY_GROUP}"
             )
         if len(self._logs) >= self.settings.max_writers:
-            raise InvalidArgument(f"too many writers (max_writers={self.settings.max_writers})")
+            self.metrics.writer_quota_refusals.labels("node").inc()
+            raise TooManyWriters(
+                f"this sidecar holds {len(self._logs)} writers (max_writers="
+                f"{self.settings.max_writers}); close writers or raise the limit"
+            )
+        per_job = self._writers_per_job.get(job_id, 0)
+        if per_job >= self.settings.max_writers_per_job:
+            self.metrics.writer_quota_refusals.labels("job").inc()
+            raise TooManyWriters(
+                f"job {job_id!r} holds {per_job} writers on this sidecar (max_writers_per_job="
+                f"{self.settings.max_writers_per_job}); close writers or raise the limit"
+            )
         wl = WriterLog(job_id, operator_id, key_group_range)
+        wl.last_call = time.monotonic()
         self._logs[wl.log_id] = wl
         self._writers_per_job[job_id] = self._writers_per_job.get(job_id, 0) + 1
         self.metrics.writers.set(len(self._logs))
@@ -133,6 +150,8 @@ class LogRegistry:
         nbytes = 0
         count = 0
         limit = self.settings.max_change_bytes
+        if not batches:
+            raise InvalidArgument("empty append batch")
         for kg, packed in batches:
             wl.check_key_group(kg)
             try:
@@ -140,7 +159,9 @@ class LogRegistry:
             except ValueError as exc:
                 cls = ChangeTooLarge if "exceeds the limit" in str(exc) else InvalidArgument
                 raise cls(f"key group {kg}: {exc}") from None
-            nbytes += packed.nbytes
+            if packed.count == 0:
+                raise InvalidArgument(f"key group {kg}: a part must hold at least one change")
+            nbytes += packed.nbytes + PART_OVERHEAD_BYTES
             count += packed.count
         if self.budget.over:
             self.metrics.backpressure_waits.inc()
@@ -151,7 +172,7 @@ class LogRegistry:
         for kg, packed in batches:
             wl.append(kg, packed)
         sqn = wl.active_sqn  # before a pre-emptive upload closes the changeset
-        self.metrics.appended_bytes.inc(nbytes)
+        self.metrics.appended_bytes.inc(nbytes - PART_OVERHEAD_BYTES * len(batches))
         self.metrics.appended_changes.inc(count)
         self.metrics.append_requests.inc()
         self.metrics.unuploaded_bytes.set(self.budget.used)
@@ -194,6 +215,7 @@ class LogRegistry:
     async def finish_persist(self, pending: PendingPersist) -> ChangelogHandle:
         """Wait for the uploads the persist needs; build its handle."""
         wl = pending.log
+        self.waiting_persists += 1
         try:
             entries: list[HandleEntry] = []
             for part in pending.parts:
@@ -216,6 +238,8 @@ class LogRegistry:
             if isinstance(exc, UploadFailed):
                 log.warning("persist of writer %s failed: %s", wl.log_id, exc.message)
             raise
+        finally:
+            self.waiting_persists -= 1
         self.metrics.persist_latency.observe(time.perf_counter() - pending.started)
         return handle
 
@@ -273,7 +297,47 @@ class LogRegistry:
         for sch in self._schedulers.values():
             sch.flush("pressure")
 
+    # ---------------------------------------------------------------- expiry
+    def expire_idle(self, now: float | None = None) -> int:
+        """Close writers with no call for ``writer_idle_timeout_s``; return how many.
+
+        A writer whose client died would otherwise hold a slot (and its
+        unpersisted bytes) forever. A writer with an upload in flight is not
+        idle. Closing drops only unpersisted changes: objects its handles
+        reference stay readable.
+        """
+        now = time.monotonic() if now is None else now
+        limit = self.settings.writer_idle_timeout_s
+        idle = [
+            log_id
+            for log_id, wl in self._logs.items()
+            if now - wl.last_call >= limit and not wl.uploading
+        ]
+        for log_id in idle:
+            wl = self._logs[log_id]
+            log.warning(
+                "writer %s of job %s expired after %.0fs without a call", log_id, wl.job_id, limit
+            )
+            self.close_writer(log_id)
+        if idle:
+            self.metrics.writers_expired.inc(len(idle))
+        return len(idle)
+
     # ---------------------------------------------------------------- shutdown
+    def abandon(self, reason: str) -> int:
+        """Fail every upload still running (shutdown past its grace); return waiting persists.
+
+        The persists waiting on them get :class:`ShuttingDown` (typed, with
+        ``reason``) instead of a cancelled call; the caller reports the count.
+        """
+        waiting = self.waiting_persists
+        failure = ShuttingDown(reason)
+        for wl in self._logs.values():
+            for task in wl.uploading.values():
+                if not task.future.done():
+                    task.future.set_exception(failure)
+        return waiting
+
     async def drain(self, timeout_s: float) -> bool:
         """Stop accepting writers; flush queues; wait for running uploads."""
         self._stopping = True

@@ -12,18 +12,28 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from dstl_client._pb import dstl_pb2 as pb
 from dstl_client._pb import dstl_pb2_grpc as pb_grpc
-from dstl_client.errors import DstlError, InvalidArgument, ShuttingDown
+from dstl_client.errors import (
+    DstlError,
+    InvalidArgument,
+    PermissionDenied,
+    ShuttingDown,
+    WriterFailed,
+)
 from dstl_client.format import PackedChanges
 from dstl_client.handle import ChangelogHandle
 from dstl_client.reader import HandleReader
+from dstl_server.auth import Authenticator, Principal, check_job
 from dstl_server.keys import check_job_id, check_key_of_job
+from dstl_server.log import WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.registry import LogRegistry
 from dstl_server.storage.base import BlobStore
@@ -44,12 +54,26 @@ def status_of(exc: DstlError) -> grpc.StatusCode:
 async def _abort(ctx: grpc.aio.ServicerContext, exc: BaseException, metrics: ServerMetrics) -> None:
     if isinstance(exc, DstlError):
         metrics.errors.labels(exc.kind).inc()
+        if isinstance(exc, PermissionDenied):
+            metrics.auth_refusals.labels(exc.kind).inc()
         await ctx.abort(
             status_of(exc), exc.message, trailing_metadata=((ERROR_KIND_KEY, exc.kind),)
         )
     metrics.errors.labels("internal").inc()
     log.exception("internal error", exc_info=exc)
     await ctx.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Malformed:
+    """What the safe deserializer hands a handler for bytes that do not decode."""
+
+    reason: str
+
+
+def _check_decoded(request: object) -> None:
+    if isinstance(request, _Malformed):
+        raise InvalidArgument(request.reason)
 
 
 def _unary(
@@ -63,6 +87,7 @@ def _unary(
             await _abort(ctx, exc, self.metrics)
             raise
         try:
+            _check_decoded(req)
             return await fn(self, req, ctx)
         except Exception as exc:
             await _abort(ctx, exc, self.metrics)
@@ -74,15 +99,30 @@ def _unary(
 
 
 class ChangelogService(pb_grpc.ChangelogServicer):
-    """gRPC adapter over one :class:`LogRegistry` and its blob store."""
+    """gRPC adapter over one :class:`LogRegistry` and its blob store.
+
+    Every call is first authorised against the job that *owns* what it names
+    (the writer of a log id, the job of a handle, the prefix of an object
+    key; see :mod:`dstl_server.auth`), then a writer's ordered calls run in
+    client order. A call carrying changes that is refused after it entered
+    the order fails its session (:class:`WriterFailed` for every later
+    call), so no later persist can return a handle that misses them.
+    Event-loop only.
+    """
 
     def __init__(
-        self, registry: LogRegistry, store: BlobStore, metrics: ServerMetrics, epoch: str
+        self,
+        registry: LogRegistry,
+        store: BlobStore,
+        metrics: ServerMetrics,
+        epoch: str,
+        auth: Authenticator | None = None,
     ) -> None:
         self.registry = registry
         self.store = store
         self.metrics = metrics
         self.epoch = epoch
+        self.auth = auth
         self.reader = HandleReader(self._fetch)
         self._accepting = True
         self._in_flight = 0
@@ -101,15 +141,54 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         if self._in_flight == 0:
             self._idle.set()
 
+    # ------------------------------------------------------------ authorisation
+    def _principal(self, ctx: grpc.aio.ServicerContext) -> Principal | None:
+        if self.auth is None:
+            return None
+        return self.auth.from_metadata(ctx.invocation_metadata())
+
+    def _owned_log(
+        self, ctx: grpc.aio.ServicerContext, log_id: str, *, admin_ok: bool = False
+    ) -> WriterLog:
+        """The writer ``log_id`` names, if the caller's job owns it."""
+        principal = self._principal(ctx)
+        wl = self.registry.get(log_id)
+        check_job(principal, wl.job_id, admin_ok=admin_ok)
+        return wl
+
     @contextlib.asynccontextmanager
-    async def _in_order(self, log_id: str, session: int, seq: int) -> AsyncIterator[None]:
+    async def _in_order(self, wl: WriterLog, session: int, seq: int) -> AsyncIterator[None]:
         """Run the ordered part of a writer's call after its earlier calls."""
-        calls = self.registry.get(log_id).calls
+        calls = wl.calls
         await calls.enter(session, seq, self.registry.settings.call_order_timeout_s)
         try:
             yield
         finally:
             calls.leave(session, seq)
+
+    async def _append_or_fail(
+        self,
+        wl: WriterLog,
+        changes: Sequence[pb.KeyGroupChanges],
+        session: int,
+        seq: int,
+    ) -> int:
+        """Append a call's changes; if they are refused, fail the writer's session."""
+        try:
+            return await self.registry.append(wl.log_id, _batches(changes))
+        except BaseException as exc:
+            if seq and any(c.count for c in changes):
+                why = f"{exc.kind}: {exc.message}" if isinstance(exc, DstlError) else repr(exc)
+                wl.calls.fail(
+                    session,
+                    WriterFailed(
+                        f"call {seq} of writer {wl.log_id} carried changes and was refused "
+                        f"({why}); later calls are refused so that no handle misses them: "
+                        "recreate the writer and recover from the last checkpoint"
+                    ),
+                )
+                self.metrics.sessions_failed.inc()
+            raise
 
     def stop_accepting(self) -> None:
         """Refuse new calls with ShuttingDown; running ones go on."""
@@ -132,6 +211,7 @@ class ChangelogService(pb_grpc.ChangelogServicer):
     async def CreateWriter(
         self, request: pb.CreateWriterRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateWriterResponse:
+        check_job(self._principal(context), request.job_id, admin_ok=False)
         wl = self.registry.create_writer(
             request.job_id, request.operator_id, (request.first_key_group, request.last_key_group)
         )
@@ -146,18 +226,21 @@ class ChangelogService(pb_grpc.ChangelogServicer):
     async def Append(
         self, request: pb.AppendRequest, context: grpc.aio.ServicerContext
     ) -> pb.AppendResponse:
-        batches = _batches(request.changes)
-        if not batches:
-            raise InvalidArgument("empty append batch")
-        async with self._in_order(request.log_id, request.session, request.seq):
-            sqn = await self.registry.append(request.log_id, batches)
+        wl = self._owned_log(context, request.log_id)
+        # Validation runs inside the ordered part, so a refused call still
+        # takes its turn and never leaves a gap in the writer's sequence.
+        async with self._in_order(wl, request.session, request.seq):
+            if not request.changes:
+                raise InvalidArgument("empty append batch")
+            sqn = await self._append_or_fail(wl, request.changes, request.session, request.seq)
         return pb.AppendResponse(sqn=sqn)
 
     @_unary
     async def LastAppendedSqn(
         self, request: pb.LastAppendedSqnRequest, context: grpc.aio.ServicerContext
     ) -> pb.SqnResponse:
-        async with self._in_order(request.log_id, request.session, request.seq):
+        wl = self._owned_log(context, request.log_id)
+        async with self._in_order(wl, request.session, request.seq):
             sqn = self.registry.last_appended_sqn(request.log_id)
         return pb.SqnResponse(sqn=sqn)
 
@@ -165,9 +248,10 @@ class ChangelogService(pb_grpc.ChangelogServicer):
     async def PersistDurably(
         self, request: pb.PersistRequest, context: grpc.aio.ServicerContext
     ) -> pb.PersistResponse:
-        async with self._in_order(request.log_id, request.session, request.seq):
+        wl = self._owned_log(context, request.log_id)
+        async with self._in_order(wl, request.session, request.seq):
             if request.changes:
-                await self.registry.append(request.log_id, _batches(request.changes))
+                await self._append_or_fail(wl, request.changes, request.session, request.seq)
             pending = self.registry.begin_persist(request.log_id, request.after)
         # Later calls of the writer may go on while the uploads run.
         handle = await self.registry.finish_persist(pending)
@@ -177,7 +261,8 @@ class ChangelogService(pb_grpc.ChangelogServicer):
     async def Truncate(
         self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext
     ) -> pb.TruncateResponse:
-        async with self._in_order(request.log_id, request.session, request.seq):
+        wl = self._owned_log(context, request.log_id)
+        async with self._in_order(wl, request.session, request.seq):
             self.registry.truncate(request.log_id, request.before)
         return pb.TruncateResponse()
 
@@ -185,6 +270,7 @@ class ChangelogService(pb_grpc.ChangelogServicer):
     async def CloseWriter(
         self, request: pb.CloseWriterRequest, context: grpc.aio.ServicerContext
     ) -> pb.CloseWriterResponse:
+        self._owned_log(context, request.log_id, admin_ok=True)
         self.registry.close_writer(request.log_id)
         return pb.CloseWriterResponse()
 
@@ -198,8 +284,11 @@ class ChangelogService(pb_grpc.ChangelogServicer):
             await _abort(context, exc, self.metrics)
             raise
         try:
+            _check_decoded(request)
+            principal = self._principal(context)
             handle = ChangelogHandle.from_proto(request.handle)
             check_job_id(handle.job_id)
+            check_job(principal, handle.job_id)
             for key in handle.object_keys:
                 check_key_of_job(handle.job_id, key)
             key_groups = list(request.key_groups) or None
@@ -221,6 +310,7 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         self, request: pb.DiscardObjectsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DiscardObjectsResponse:
         check_job_id(request.job_id)
+        check_job(self._principal(context), request.job_id)
         keys = list(request.object_keys)
         if len(keys) > _MAX_DISCARD:
             raise InvalidArgument(f"at most {_MAX_DISCARD} keys per call")
@@ -235,5 +325,39 @@ def _batches(changes: Iterable[pb.KeyGroupChanges]) -> list[tuple[int, PackedCha
     return [(c.key_group, PackedChanges(c.count, c.sizes, c.payload)) for c in changes]
 
 
-def register(server: grpc.aio.Server, service: ChangelogService) -> Any:
-    pb_grpc.add_ChangelogServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+def _safe_deserializer(cls: Any) -> Callable[[bytes], Any]:
+    """Parse a request; bytes that do not decode become a :class:`_Malformed` marker.
+
+    gRPC answers a deserializer exception with UNKNOWN; the handler turns the
+    marker into INVALID_ARGUMENT with the reason instead.
+    """
+
+    def parse(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except DecodeError as exc:
+            return _Malformed(f"request bytes do not decode as {cls.__name__}: {exc}")
+
+    return parse
+
+
+def register(server: grpc.aio.Server, service: ChangelogService) -> None:
+    """Add the Changelog service to ``server`` with request-decoding errors typed."""
+    desc = pb.DESCRIPTOR.services_by_name["Changelog"]
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in desc.methods:
+        req_cls = getattr(pb, method.input_type.name)
+        resp_cls = getattr(pb, method.output_type.name)
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = make(
+            getattr(service, method.name),
+            request_deserializer=_safe_deserializer(req_cls),
+            response_serializer=resp_cls.SerializeToString,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(desc.full_name, handlers),)
+    )

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from dstl_client.errors import ConfigError
 
@@ -22,8 +25,15 @@ KiB = 1024
 MiB = 1024 * KiB
 
 
-def _setting(default: Any, doc: str, *, unit: str = "", flag: str | None = None) -> Any:
-    return field(default=default, metadata={"doc": doc, "unit": unit, "flag": flag})
+def _setting(default: Any, doc: str, *, unit: str = "", env_only: bool = False) -> Any:
+    """A setting; ``env_only`` ones (secrets) have no flag, so they never show in ``ps``."""
+    return field(default=default, metadata={"doc": doc, "unit": unit, "env_only": env_only})
+
+
+#: a node secret must be at least this long (after stripping whitespace)...
+MIN_SECRET_CHARS = 32
+#: ...and hold at least this many distinct characters
+MIN_SECRET_DISTINCT = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +43,7 @@ class ServerSettings:
     listen: str = _setting(
         "127.0.0.1:7070",
         "TCP address to serve gRPC on (host:port); empty to serve on the Unix socket only. "
-        "Addresses other than loopback need --auth-token or TLS.",
+        "Addresses other than loopback need TLS and an auth secret.",
     )
     unix_socket: str = _setting("", "Path of a Unix domain socket to serve gRPC on (optional).")
     storage: str = _setting(
@@ -42,7 +52,15 @@ class ServerSettings:
     metrics_port: int = _setting(
         9464, "Port of the Prometheus /metrics HTTP endpoint; 0 picks a free one, -1 disables."
     )
-    metrics_host: str = _setting("127.0.0.1", "Address the metrics endpoint binds to.")
+    metrics_host: str = _setting(
+        "127.0.0.1",
+        "IP address the metrics endpoint binds to; other than loopback only with metrics_public.",
+    )
+    metrics_public: bool = _setting(
+        False,
+        "Allow a non-loopback metrics_host (the endpoint has no authentication; metrics hold "
+        "job ids in logs only, never data or secrets).",
+    )
     persist_delay_ms: float = _setting(
         10.0, "Wait after the first persist request before uploading, to batch writers.", unit="ms"
     )
@@ -104,9 +122,24 @@ class ServerSettings:
         "the writer is failed with CALL_LOST.",
         unit="s",
     )
-    max_writers: int = _setting(10_000, "Writers registered at the same time.")
-    auth_token: str = _setting(
-        "", "Shared token callers must send as 'authorization: Bearer <token>' (empty: none)."
+    max_writers: int = _setting(10_000, "Writers registered at the same time, over all jobs.")
+    max_writers_per_job: int = _setting(
+        1024, "Writers one job may hold at the same time (so one job cannot take every slot)."
+    )
+    writer_idle_timeout_s: float = _setting(
+        3600.0,
+        "A writer with no call for this long is closed (its client died); its unpersisted "
+        "changes are dropped, its persisted handles stay readable.",
+        unit="s",
+    )
+    auth_secret: str = _setting(
+        "",
+        "Node secret that job and admin tokens are derived from (HMAC-SHA256); turns on "
+        "per-job authentication. Environment only (never a flag); at least 32 characters.",
+        env_only=True,
+    )
+    auth_secret_file: str = _setting(
+        "", "File holding the node secret (instead of DSTL_AUTH_SECRET)."
     )
     tls_cert: str = _setting("", "PEM certificate file; with --tls-key enables TLS on TCP.")
     tls_key: str = _setting("", "PEM private key file for --tls-cert.")
@@ -130,14 +163,41 @@ class ServerSettings:
             host, _, port = self.listen.rpartition(":")
             if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
                 raise bad("listen", "expected host:port")
-            if not self.is_loopback(host) and not (self.auth_token or self.tls_cert):
-                raise bad("listen", "a non-loopback address needs auth_token or TLS")
+            if not self.is_loopback(host) and not (self.auth_secret and self.tls_cert):
+                raise bad(
+                    "listen",
+                    "a non-loopback address needs TLS (tls_cert/tls_key) and an auth secret "
+                    "(DSTL_AUTH_SECRET or auth_secret_file)",
+                )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert and tls_key go together")
-        if not self.storage.startswith(("file://", "s3://")):
-            raise bad("storage", "expected file:///path or s3://bucket/prefix")
+        if self.auth_secret:
+            secret = self.auth_secret.strip()
+            if len(secret) < MIN_SECRET_CHARS or len(set(secret)) < MIN_SECRET_DISTINCT:
+                raise ConfigError(
+                    f"setting auth_secret: too weak (need at least {MIN_SECRET_CHARS} "
+                    f"characters, {MIN_SECRET_DISTINCT} of them distinct; e.g. "
+                    "`openssl rand -hex 32`)"
+                )
+        check_storage_url(self.storage)
         if not -1 <= self.metrics_port <= 65535:
             raise bad("metrics_port", "expected -1 (off), 0 (any) or a port")
+        try:
+            metrics_ip = ipaddress.ip_address(self.metrics_host.strip("[]"))
+        except ValueError:
+            if self.metrics_host != "localhost":
+                raise bad("metrics_host", "expected an IP address or localhost") from None
+        else:
+            if not metrics_ip.is_loopback and not self.metrics_public:
+                raise bad(
+                    "metrics_host",
+                    "a non-loopback metrics address needs metrics_public=true "
+                    "(the endpoint is unauthenticated)",
+                )
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise bad(f.name, "must be a finite number")
         for name in ("persist_delay_ms", "upload_retry_base_delay_ms"):
             if getattr(self, name) < 0:
                 raise bad(name, "must be >= 0")
@@ -157,6 +217,8 @@ class ServerSettings:
             "max_concurrent_uploads",
             "upload_max_attempts",
             "max_writers",
+            "max_writers_per_job",
+            "writer_idle_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise bad(name, "must be > 0")
@@ -224,7 +286,40 @@ class ServerSettings:
         for k, v in (overrides or {}).items():
             if v is not None:
                 values[k] = v
+        secret_file = values.get("auth_secret_file")
+        if secret_file:
+            if values.get("auth_secret"):
+                raise ConfigError("give the auth secret once: DSTL_AUTH_SECRET or auth_secret_file")
+            try:
+                values["auth_secret"] = Path(secret_file).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(
+                    f"setting auth_secret_file={secret_file!r}: cannot read: {exc.strerror}"
+                ) from None
         return cls(**values)
+
+    @classmethod
+    def env_only(cls, name: str) -> bool:
+        """True for settings (secrets) that have no command-line flag."""
+        return bool(cls.__dataclass_fields__[name].metadata["env_only"])
+
+
+def check_storage_url(url: str) -> None:
+    """Refuse a storage URL the sidecar cannot serve, with one clear line."""
+    if url.startswith("s3://"):
+        bucket = urlsplit(url).netloc
+        if not bucket:
+            raise ConfigError(f"setting storage={url!r}: expected s3://bucket[/prefix]")
+        return
+    if url.startswith("file://"):
+        path = url[len("file://") :]
+        if not path.startswith("/"):
+            raise ConfigError(
+                f"setting storage={url!r}: expected an absolute path, file:///path "
+                "(file://dir/x names a host 'dir')"
+            )
+        return
+    raise ConfigError(f"setting storage={url!r}: expected file:///path or s3://bucket/prefix")
 
 
 def env_name(name: str) -> str:

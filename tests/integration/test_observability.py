@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from dstl_client import ChangelogClient
 from dstl_client._pb import dstl_pb2 as pb
 from dstl_client._pb import dstl_pb2_grpc as pb_grpc
-from dstl_client.errors import KeyGroupOutOfRange, PermissionDenied, SidecarUnavailable
+from dstl_client.errors import KeyGroupOutOfRange, SidecarUnavailable
 from dstl_server.cli import main
 from dstl_server.testing import ServerProcess
 from tests.integration._helpers import object_files, read_all
@@ -137,49 +137,8 @@ def test_health_not_serving_on_sigterm_then_unavailable(tmp_path: Path) -> None:
             client.create_writer(job_id="gone", operator_id="op", key_group_range=(0, 0))
 
 
-def test_auth_token(tmp_path: Path) -> None:
-    token = "s3cret-token"
-    with (
-        ServerProcess(tmp_path / "srv", extra_args=["--auth-token", token]) as proc,
-        ChangelogClient(proc.address, token=token) as good,
-    ):
-        w = good.create_writer(job_id="auth", operator_id="op", key_group_range=(0, 3))
-        w.append(1, b"secret data")
-        h = w.persist_durably(after=0).result(timeout=30)
-        assert read_all(good, h) == [(1, 0, b"secret data")]
-
-        for bad_token in (None, "wrong", token + "x"):
-            with ChangelogClient(proc.address, token=bad_token, timeout_s=10) as bad:
-                with pytest.raises(PermissionDenied, match="token"):
-                    bad.create_writer(job_id="auth", operator_id="op", key_group_range=(0, 3))
-                with pytest.raises(PermissionDenied):
-                    read_all(bad, h)
-                with pytest.raises(PermissionDenied):
-                    bad.discard_objects("auth", list(h.object_keys))
-                # Someone else's writer cannot be driven without the token.
-                intruder = type(w)(bad, "auth", w.log_id, (0, 3), 1 << 20)
-                with pytest.raises(PermissionDenied):
-                    intruder.persist_durably(after=0).result(timeout=10)
-                with pytest.raises(PermissionDenied):
-                    intruder.truncate(before=1)
-        # Nothing the refused calls tried had any effect.
-        assert read_all(good, h) == [(1, 0, b"secret data")]
-        assert len(object_files(tmp_path / "srv")) == 1
-
-        # Health stays open for probes without the token.
-        channel = grpc.insecure_channel(proc.address)
-        try:
-            resp = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=10
-            )
-            assert resp.status == health_pb2.HealthCheckResponse.SERVING
-        finally:
-            channel.close()
-        w.close()
-
-
-def test_non_loopback_listen_needs_token_or_tls(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_non_loopback_listen_needs_tls_and_a_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     storage = f"file://{tmp_path / 'objects'}"
     # One real process, the other addresses through the same ``main`` in-process.
@@ -190,17 +149,18 @@ def test_non_loopback_listen_needs_token_or_tls(
         timeout=60,
     )
     assert res.returncode == 2, res
-    assert "listen" in res.stderr and "auth_token or TLS" in res.stderr
+    assert "listen" in res.stderr and "needs TLS" in res.stderr
     for listen in ("192.0.2.10:7070", "[::]:7070", "example.com:7070"):
         assert main(["--listen", listen, "--storage", storage, "--print-config"]) == 2
         err = capsys.readouterr().err
-        assert "setting listen=" in err and "auth_token or TLS" in err
-    # With a token the same address is accepted (checked without binding it).
-    code = main(
-        ["--listen", "0.0.0.0:7070", "--storage", storage, "--auth-token", "t", "--print-config"]
-    )
+        assert "setting listen=" in err and "needs TLS" in err
+    # With TLS and a secret the same address is accepted (checked without binding it).
+    secret = "Zr8q-test-secret-4Nw7xKp2Ld9sVb6Hc3"
+    monkeypatch.setenv("DSTL_AUTH_SECRET", secret)
+    tls = ["--tls-cert", str(tmp_path / "c.pem"), "--tls-key", str(tmp_path / "k.pem")]
+    code = main(["--listen", "0.0.0.0:7070", "--storage", storage, *tls, "--print-config"])
     out = capsys.readouterr().out
     assert code == 0
     assert "listen = '0.0.0.0:7070'" in out
-    assert "auth_token = '***'" in out and "'t'" not in out
+    assert "auth_secret = '***'" in out and secret not in out
     assert not (tmp_path / "objects").exists()
