@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,9 +38,14 @@ def test_console_script_help_lists_every_setting() -> None:
     res = subprocess.run(
         [str(CONSOLE_SCRIPT), "--help"], capture_output=True, text=True, timeout=60, check=True
     )
+    flags = set(re.findall(r"--[a-z0-9-]+", res.stdout))
     for name, env, *_ in ServerSettings.describe():
-        assert "--" + name.replace("_", "-") in res.stdout
-        assert env in res.stdout
+        flag = "--" + name.replace("_", "-")
+        if ServerSettings.env_only(name):  # secrets: never a flag (it would show in ps)
+            assert flag not in flags
+        else:
+            assert flag in flags
+            assert env in res.stdout
 
 
 @pytest.mark.parametrize(
@@ -61,6 +67,17 @@ def test_console_script_help_lists_every_setting() -> None:
         ([], {"DSTL_BATCH_SIZE_THRESHOLD": "0"}, "batch_size_threshold"),
         ([], {"DSTL_LISTEN": "0.0.0.0:7070"}, "listen"),
         ([], {"DSTL_LISTEN": ""}, "nothing to listen on"),
+        (["--storage", "s3://"], {}, "storage"),
+        (["--storage", "s3:///prefix"], {}, "storage"),
+        (["--storage", "file://relative/dir"], {}, "storage"),
+        (["--upload-timeout-s", "nan"], {}, "upload_timeout_s"),
+        (["--hedge-quantile", "nan"], {}, "hedge_quantile"),
+        ([], {"DSTL_PERSIST_DELAY_MS": "inf"}, "persist_delay_ms"),
+        (["--metrics-host", "0.0.0.0"], {}, "metrics_host"),
+        (["--metrics-host", "not an address"], {}, "metrics_host"),
+        (["--max-writers-per-job", "0"], {}, "max_writers_per_job"),
+        (["--writer-idle-timeout-s", "0"], {}, "writer_idle_timeout_s"),
+        (["--auth-secret-file", "/nonexistent/secret"], {}, "auth_secret_file"),
     ],
 )
 def test_bad_config_exits_2_naming_the_setting(
@@ -83,6 +100,7 @@ def test_bad_config_exits_2_naming_the_setting(
     assert code == 2, err
     assert err.startswith("dstl-server: configuration error:")
     assert names in err
+    assert len(err.strip().splitlines()) == 1  # one clear line
     assert not (tmp_path / "objects").exists()  # nothing started, nothing created
 
 
@@ -91,6 +109,8 @@ def test_bad_config_exits_2_naming_the_setting(
     [
         (["--persist-delay-ms", "-1"], {}, "persist_delay_ms"),
         ([], {"DSTL_MAX_CHANGE_BYTES": "4MiB"}, "DSTL_MAX_CHANGE_BYTES"),
+        (["--storage", "s3://"], {}, "storage"),
+        (["--storage", "file://relative/dir"], {}, "storage"),
     ],
 )
 def test_bad_config_process_exit_code(
