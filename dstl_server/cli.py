@@ -49,9 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--print-token",
-        metavar="JOB_ID|admin",
-        help="print the token of job JOB_ID (or the operator's admin token) derived from the "
-        "configured auth secret, and exit",
+        metavar="JOB_ID",
+        help="print the token of job JOB_ID derived from the configured auth secret, and exit",
+    )
+    parser.add_argument(
+        "--print-admin-token",
+        action="store_true",
+        help="print the operator's admin token derived from the configured auth secret, and exit",
     )
     return parser
 
@@ -103,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = {
         k: v
         for k, v in vars(ns).items()
-        if k not in ("print_config", "print_token") and v is not None
+        if k not in ("print_config", "print_token", "print_admin_token") and v is not None
     }
     try:
         settings = ServerSettings.from_sources(overrides)
@@ -117,17 +121,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 value = "***"
             print(f"{f.name} = {value!r}")
         return 0
-    if ns.print_token is not None:
+    if ns.print_token is not None or ns.print_admin_token:
         from dstl_server.auth import Authenticator
 
         if not settings.auth_secret:
-            print("dstl-server: --print-token needs an auth secret", file=sys.stderr)
+            print("dstl-server: printing a token needs an auth secret", file=sys.stderr)
             return 2
         auth = Authenticator(settings.auth_secret)
         try:
-            print(
-                auth.admin_token() if ns.print_token == "admin" else auth.job_token(ns.print_token)
-            )
+            print(auth.admin_token() if ns.print_admin_token else auth.job_token(ns.print_token))
         except ConfigError as exc:
             print(f"dstl-server: {exc.message}", file=sys.stderr)
             return 2

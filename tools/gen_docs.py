@@ -25,8 +25,11 @@ def config_table() -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     for name, env, default, unit, doc in ServerSettings.describe():
-        flag = "--" + name.replace("_", "-")
-        rows.append(f"| `{flag}` | `{env}` | `{default!r}` | {unit} | {doc} |")
+        if ServerSettings.env_only(name):
+            flag = "(environment only)"
+        else:
+            flag = "`--" + name.replace("_", "-") + "`"
+        rows.append(f"| {flag} | `{env}` | `{default!r}` | {unit} | {doc} |")
     return "\n".join(rows)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import random
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -10,7 +12,17 @@ from hypothesis import strategies as st
 
 from dstl_client._pb import dstl_pb2 as pb
 from dstl_client.errors import InvalidArgument, InvalidHandle
-from dstl_client.handle import HANDLE_VERSION, ChangelogHandle, HandleEntry
+from dstl_client.handle import (
+    HANDLE_VERSION,
+    MAX_ENTRIES,
+    MAX_KEY_GROUP,
+    MAX_OBJECT_KEY_CHARS,
+    MAX_OBJECT_OFFSET,
+    MAX_SECTION_BYTES,
+    MAX_SQN,
+    ChangelogHandle,
+    HandleEntry,
+)
 
 LOG = "0123456789abcdef0123456789abcdef"
 E1 = HandleEntry("job/aa/" + "a" * 32 + ".dstl", 16, 100, 0, 1)
@@ -42,7 +54,7 @@ def test_roundtrip_empty_handle() -> None:
 
 @settings(max_examples=60, deadline=None, database=None)
 @given(
-    st.integers(0, 2**32 - 1),
+    st.integers(0, 2**24 - 1),
     st.integers(0, 1000),
     st.lists(
         st.tuples(st.integers(0, 2**40), st.integers(1, 2**31), st.integers(1, 5)), max_size=8
@@ -57,7 +69,7 @@ def test_roundtrip_property(
     for i, (off, length, span) in enumerate(raw):
         entries.append(HandleEntry(f"{job}/{i:02x}/k", off, length, sqn, sqn + span))
         sqn += span
-    last_kg = min(first_kg + width, 2**32 - 1)
+    last_kg = min(first_kg + width, MAX_KEY_GROUP)
     h = ChangelogHandle(job, LOG, (first_kg, last_kg), 7, sqn, tuple(entries))
     assert ChangelogHandle.from_bytes(h.to_bytes()) == h
 
@@ -211,3 +223,107 @@ def test_combine_rejects() -> None:
     other = ChangelogHandle("job", "f" * 32, (0, 127), 1, 3, (E2,))
     with pytest.raises(InvalidHandle, match="consecutive"):
         ChangelogHandle.combine([a, other])  # another writer
+
+
+# ------------------------------------------------------------------ bounds
+
+Mutation = Callable[[pb.Handle], None]
+
+
+def _set(path: str, value: int) -> Mutation:
+    """Set ``field`` of the handle or ``entries.N.field`` of one of its entries."""
+
+    def mutate(msg: pb.Handle) -> None:
+        *where, name = path.split(".")
+        target: object = msg.entries[int(where[1])] if where else msg
+        setattr(target, name, value)
+
+    return mutate
+
+
+def _all(*mutations: Mutation) -> Mutation:
+    def mutate(msg: pb.Handle) -> None:
+        for m in mutations:
+            m(msg)
+
+    return mutate
+
+
+# Each breaks exactly one bound and keeps every other invariant of handle().
+OUT_OF_BOUNDS: dict[str, Mutation] = {
+    "length 2**64-1": _set("entries.0.length", 2**64 - 1),
+    "length 2**40": _set("entries.0.length", 2**40),
+    "length just over": _set("entries.0.length", MAX_SECTION_BYTES + 1),
+    "offset 2**63": _set("entries.0.offset", 2**63),
+    "offset just over": _set("entries.0.offset", MAX_OBJECT_OFFSET + 1),
+    "end sqn 2**64-1": _all(_set("entries.2.end_sqn", 2**64 - 1), _set("to_sqn", 2**64 - 1)),
+    "entry end sqn 2**64-1": _set("entries.2.end_sqn", 2**64 - 1),
+    "entry sqns 2**63": _all(
+        _set("entries.2.first_sqn", 2**63), _set("entries.2.end_sqn", 2**63 + 1)
+    ),
+    "to sqn 2**64-1": _set("to_sqn", 2**64 - 1),
+    "sqns 2**63": _all(_set("entries.2.end_sqn", 2**63), _set("to_sqn", 2**63)),
+    "key group 2**32-1": _set("last_key_group", 2**32 - 1),
+    "both key groups 2**32-1": _all(
+        _set("first_key_group", 2**32 - 1), _set("last_key_group", 2**32 - 1)
+    ),
+    "key group just over": _set("last_key_group", MAX_KEY_GROUP + 1),
+}
+
+
+@pytest.mark.parametrize("mutate", OUT_OF_BOUNDS.values(), ids=OUT_OF_BOUNDS.keys())
+def test_numbers_out_of_bounds_are_invalid(mutate: Mutation) -> None:
+    msg = handle().to_proto()
+    mutate(msg)
+    with pytest.raises(InvalidHandle) as info:
+        ChangelogHandle.from_proto(msg)
+    assert isinstance(info.value, InvalidArgument)
+    assert len(info.value.message) < 300
+    with pytest.raises(InvalidHandle):
+        ChangelogHandle.from_bytes(msg.SerializeToString())
+
+
+def test_numbers_at_the_bounds_are_valid() -> None:
+    msg = handle().to_proto()
+    _all(
+        _set("entries.0.length", MAX_SECTION_BYTES),
+        _set("entries.0.offset", MAX_OBJECT_OFFSET),
+        _set("entries.2.end_sqn", MAX_SQN),
+        _set("to_sqn", MAX_SQN),
+        _set("last_key_group", MAX_KEY_GROUP),
+    )(msg)
+    h = ChangelogHandle.from_bytes(msg.SerializeToString())
+    assert h.key_group_range == (0, MAX_KEY_GROUP) and h.to_sqn == MAX_SQN
+    assert ChangelogHandle.from_bytes(h.to_bytes()) == h
+
+
+def test_too_many_entries() -> None:
+    def entries(n: int) -> tuple[HandleEntry, ...]:
+        return tuple(HandleEntry("job/aa/k", i, 1, i, i + 1) for i in range(n))
+
+    assert len(handle(0, MAX_ENTRIES, entries(MAX_ENTRIES)).entries) == MAX_ENTRIES
+    with pytest.raises(InvalidHandle, match="entries"):
+        handle(0, MAX_ENTRIES + 1, entries(MAX_ENTRIES + 1))
+
+
+def test_object_key_length() -> None:
+    at_limit = "job/aa/" + "k" * (MAX_OBJECT_KEY_CHARS - len("job/aa/"))
+    handle(entries=(dataclasses.replace(E1, object_key=at_limit), E2, E3))
+    too_long = "job/aa/" + "k" * 100_000
+    with pytest.raises(InvalidHandle) as info:
+        handle(entries=(dataclasses.replace(E1, object_key=too_long), E2, E3))
+    assert len(info.value.message) < 300  # the key is cut short in the message
+
+
+def test_long_log_id_is_cut_short_in_the_message() -> None:
+    with pytest.raises(InvalidHandle) as info:
+        ChangelogHandle("job", "a" * 100_000, (0, 1), 0, 0, ())
+    assert len(info.value.message) < 300
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_garbage_bytes_are_an_invalid_handle(seed: int) -> None:
+    rng = random.Random(seed)
+    blob = rng.randbytes(rng.randint(1, 4096))
+    with pytest.raises(InvalidHandle):
+        ChangelogHandle.from_bytes(blob)

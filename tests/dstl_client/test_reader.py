@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 
 import pytest
 
 from dstl_client import reader as reader_mod
 from dstl_client.errors import CorruptObject, InvalidArgument
-from dstl_client.format import Changeset as FormatChangeset
 from dstl_client.format import (
+    LOG_FIXED_SIZE,
     ChangesetView,
     EncodedSection,
     build_object,
     encode_log_section,
+    log_header_length,
     pack_changes,
 )
+from dstl_client.format import Changeset as FormatChangeset
 from dstl_client.handle import ChangelogHandle, HandleEntry
 from dstl_client.reader import HandleReader
 
@@ -246,6 +250,38 @@ async def test_key_group_outside_the_writers_range_in_the_section(store: MemoryO
     entry = store.put_section("job/04/d", {0: {1: [b"ok"], 40: [b"bad"]}}, 1)
     with pytest.raises(CorruptObject, match="outside the writer's range"):
         await read_all(store, make_handle([entry], 0, 1))
+
+
+async def test_log_header_longer_than_the_section_is_refused(
+    store: MemoryObjects, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handle whose section is shorter than the header found there: no read sized by it."""
+    monkeypatch.setattr(reader_mod, "WHOLE_SECTION_READ_BYTES", 0)  # the ranged (header) path
+    entry = store.put_section("job/07/g", {0: {kg: [b"x"] for kg in range(16)}}, 1)
+    start = store.objects[entry.object_key][entry.offset : entry.offset + LOG_FIXED_SIZE]
+    hlen = log_header_length(start)
+    assert LOG_FIXED_SIZE < hlen < entry.length
+    short = dataclasses.replace(entry, length=hlen - 1)
+    with pytest.raises(CorruptObject, match=f"log header of {hlen} bytes does not fit") as info:
+        await read_all(store, make_handle([short], 0, 1), [1])
+    assert entry.object_key in info.value.message
+    # only the fixed part was read: nothing past the section the handle names
+    assert store.requests == [(entry.object_key, entry.offset, LOG_FIXED_SIZE)]
+    # the same section with its real length reads fine
+    assert await read_all(store, make_handle([entry], 0, 1), [1]) == [(1, 0, [b"x"])]
+
+
+async def test_forged_key_group_count_is_refused_before_reading_the_header(
+    store: MemoryObjects, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reader_mod, "WHOLE_SECTION_READ_BYTES", 0)
+    entry = store.put_section("job/08/h", {0: {1: [b"a"], 2: [b"b"]}}, 1)
+    data = bytearray(store.objects[entry.object_key])
+    struct.pack_into("<I", data, entry.offset + 4 + 16, 2**32 - 1)  # n_kg after magic, log id
+    store.objects[entry.object_key] = bytes(data)
+    with pytest.raises(CorruptObject, match="does not fit"):
+        await read_all(store, make_handle([entry], 0, 1), [1])
+    assert store.requests == [(entry.object_key, entry.offset, LOG_FIXED_SIZE)]
 
 
 async def test_large_section_ranged_path_matches_whole_path(

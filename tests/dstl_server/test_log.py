@@ -9,7 +9,13 @@ import pytest
 from dstl_client.errors import KeyGroupOutOfRange, SqnOutOfRange, WriterClosed
 from dstl_client.format import pack_changes
 from dstl_client.handle import HandleEntry
-from dstl_server.log import INITIAL_SQN, UploadTask, WriterLog
+from dstl_server.log import (
+    INITIAL_SQN,
+    PART_OVERHEAD_BYTES,
+    UploadTask,
+    WriterLog,
+    held_bytes,
+)
 
 
 def new_log() -> WriterLog:
@@ -17,9 +23,10 @@ def new_log() -> WriterLog:
 
 
 def add(wl: WriterLog, kg: int, *changes: bytes) -> int:
+    """Append one part; return the bytes the budget charges for it (data + overhead)."""
     packed = pack_changes(list(changes))
     wl.append(kg, packed)
-    return packed.nbytes
+    return packed.nbytes + PART_OVERHEAD_BYTES
 
 
 def task_for(wl: WriterLog, after: int | None = None) -> UploadTask:
@@ -63,7 +70,18 @@ def test_rollover_closes_only_non_empty_changesets() -> None:
     assert wl.active == {} and wl.active_bytes == 0
     cs = wl.not_uploaded[0]
     assert cs.sqn == 0 and sorted(cs.groups) == [4, 5] and len(cs.groups[4]) == 2
-    assert wl.pending_bytes == wl.unuploaded_bytes() == n1 + n2 + n3
+    assert wl.pending_bytes == wl.unuploaded_bytes() == n1 + n2 + n3 == held_bytes(cs)
+
+
+def test_every_part_is_charged_its_bytes_plus_the_overhead() -> None:
+    wl = new_log()
+    for _ in range(10):
+        add(wl, 4, b"x")  # ten one-byte changes: 50 data bytes in ten parts
+    wl.rollover()
+    cs = wl.not_uploaded[0]
+    assert cs.nbytes == 10 * (4 + 1)
+    assert held_bytes(cs) == cs.nbytes + 10 * PART_OVERHEAD_BYTES
+    assert wl.pending_bytes == wl.unuploaded_bytes() == held_bytes(cs)
 
 
 def test_take_not_uploaded_from_an_sqn() -> None:

@@ -16,14 +16,21 @@ from dstl_client.errors import (
     LogNotFound,
     ShuttingDown,
     SqnOutOfRange,
+    TooManyWriters,
     UploadFailed,
     WriterClosed,
 )
 from dstl_client.format import PackedChanges, pack_changes, parse_object
 from dstl_client.handle import ChangelogHandle
+from dstl_server.log import PART_OVERHEAD_BYTES
 from tests.dstl_server._fakes import MemoryUploader, batch, read_handle, registry, sample
 
 LONG_DELAY_MS = 60_000.0  # a flush that waits for this never happens within a test
+
+
+def charged(*changes: bytes) -> int:
+    """Budget bytes of one appended part holding ``changes``: packed bytes + part overhead."""
+    return pack_changes(list(changes)).nbytes + PART_OVERHEAD_BYTES
 
 
 async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -310,13 +317,16 @@ async def test_closed_writers_do_not_hold_back_the_all_waiting_flush() -> None:
 
 async def test_preemptive_upload_at_the_threshold() -> None:
     up = MemoryUploader()
-    reg = registry(up, preemptive_persist_threshold=1000, persist_delay_ms=5.0)
+    # the threshold is exactly what the three parts are charged (data + per-part overhead)
+    threshold = charged(b"a" * 500) + charged(b"b" * 400) + charged(b"c" * 100)
+    reg = registry(up, preemptive_persist_threshold=threshold, persist_delay_ms=5.0)
     wl = reg.create_writer("job", "op", (0, 3))
     await reg.append(wl.log_id, batch((0, [b"a" * 500])))
     await reg.append(wl.log_id, batch((1, [b"b" * 400])))
     await asyncio.sleep(0.05)
-    assert up.calls == 0  # 908 bytes: below the threshold
-    # 1012 bytes: over the threshold; the changes still went into changeset 0
+    assert up.calls == 0  # two parts: below the threshold
+    assert wl.active_bytes == threshold - charged(b"c" * 100)
+    # three parts: at the threshold; the changes still went into changeset 0
     assert await reg.append(wl.log_id, batch((2, [b"c" * 100]))) == 0
     assert wl.active_sqn == 1  # the changeset was closed for the upload
     await wait_until(lambda: up.calls == 1)
@@ -349,15 +359,16 @@ async def test_truncate_frees_memory_and_keeps_objects() -> None:
     await reg.append(lid, batch((0, [b"b" * 100])))
     reg.last_appended_sqn(lid)
     await reg.append(lid, batch((0, [b"c" * 100])))
-    assert reg.budget.used == 208
+    part = charged(b"b" * 100)  # b and c are charged the same
+    assert reg.budget.used == 2 * part
     reg.truncate(lid, before=2)  # drops a (uploaded) and b (not uploaded)
-    assert reg.budget.used == 104
+    assert reg.budget.used == part
     assert sorted(wl.not_uploaded) == [] and sorted(wl.uploaded) == []
-    assert wl.active_bytes == 104
+    assert wl.active_bytes == part
     assert await read_handle(up, h) == [(0, 0, [b"a" * 100])]  # the object is still there
     reg.truncate(lid, before=1)  # an older truncation point changes nothing
-    assert reg.budget.used == 104
-    assert sample(reg.metrics, "dstl_unuploaded_bytes") == 104
+    assert reg.budget.used == part
+    assert sample(reg.metrics, "dstl_unuploaded_bytes") == part
     h2 = await reg.persist(lid, after=2)
     assert await read_handle(up, h2) == [(0, 2, [b"c" * 100])]
     assert reg.budget.used == 0
@@ -372,7 +383,7 @@ async def test_truncate_during_an_upload() -> None:
     task = asyncio.create_task(reg.persist(wl.log_id, after=0))
     await wait_until(lambda: up.calls == 1)
     reg.truncate(wl.log_id, before=1)
-    assert reg.budget.used == 104  # still held by the running upload
+    assert reg.budget.used == charged(b"a" * 100)  # still held by the running upload
     up.gate.set()
     h = await task
     assert await read_handle(up, h) == [(0, 0, [b"a" * 100])]
@@ -390,7 +401,7 @@ async def test_close_drops_unpersisted_changes() -> None:
     await reg.append(wl.log_id, batch((1, [b"also gone"])))
     await reg.append(other.log_id, batch((1, [b"kept"])))
     reg.close_writer(wl.log_id)
-    assert reg.budget.used == 8
+    assert reg.budget.used == charged(b"kept")
     assert up.calls == 0
     assert len(reg) == 1
     assert sample(reg.metrics, "dstl_writers") == 1
@@ -418,7 +429,7 @@ async def test_close_during_an_upload_releases_memory() -> None:
     task = asyncio.create_task(reg.persist(wl.log_id, after=0))
     await wait_until(lambda: up.calls == 1)
     reg.close_writer(wl.log_id)
-    assert reg.budget.used == 104
+    assert reg.budget.used == charged(b"a" * 100)
     up.gate.set()
     await task  # the upload itself completes
     await settle()
@@ -438,7 +449,7 @@ async def test_failed_upload_keeps_the_changes() -> None:
     await reg.append(wl.log_id, batch((0, [b"precious"])))
     with pytest.raises(UploadFailed, match="injected"):
         await reg.persist(wl.log_id, after=0)
-    assert reg.budget.used == 12
+    assert reg.budget.used == charged(b"precious")
     assert sorted(wl.not_uploaded) == [0] and not wl.uploading
     assert sample(reg.metrics, "dstl_persist_failures_total") == 1
     await reg.append(wl.log_id, batch((1, [b"more"])))
@@ -484,7 +495,7 @@ async def test_backpressure_times_out_while_the_store_is_stuck() -> None:
     wl = reg.create_writer("job", "op", (0, 3))
     await reg.append(wl.log_id, batch((0, [b"a" * 3000])))
     await reg.append(wl.log_id, batch((1, [b"b" * 3000])))  # within the limit: overcommits
-    assert reg.budget.used == 6008
+    assert reg.budget.used == 2 * charged(b"a" * 3000)
     started = time.monotonic()
     with pytest.raises(Backpressure):
         await reg.append(wl.log_id, batch((2, [b"rejected"])))
@@ -543,6 +554,9 @@ async def test_bad_appends_leave_every_log_untouched() -> None:
         (InvalidArgument, [(11, PackedChanges(2, pack_changes([b"a"]).sizes, b"a"))]),
         (InvalidArgument, [(11, PackedChanges(1, pack_changes([b"abc"]).sizes, b"ab"))]),
         (InvalidArgument, [(11, PackedChanges(0, b"", b"payload"))]),
+        (InvalidArgument, []),  # an empty batch
+        (InvalidArgument, [(11, PackedChanges(0, b"", b""))]),  # a part without changes
+        (InvalidArgument, batch((11, [b"ok"]), (12, []))),  # ...after a good part
     ]
     for exc_type, batches in cases:
         with pytest.raises(exc_type) as info:
@@ -585,10 +599,126 @@ async def test_max_writers() -> None:
     reg = registry(MemoryUploader(), max_writers=2)
     w = reg.create_writer("job", "a", (0, 0))
     reg.create_writer("job", "b", (0, 0))
-    with pytest.raises(InvalidArgument, match="max_writers"):
+    with pytest.raises(TooManyWriters, match="max_writers=2") as info:
         reg.create_writer("job", "c", (0, 0))
+    assert info.value.grpc_code == "RESOURCE_EXHAUSTED"
+    assert not isinstance(info.value, InvalidArgument)
+    with pytest.raises(TooManyWriters, match="max_writers=2"):  # the node's limit: every job
+        reg.create_writer("other-job", "c", (0, 0))
+    assert sample(reg.metrics, "dstl_writer_quota_refusals_total", scope="node") == 2
+    assert len(reg) == 2
     reg.close_writer(w.log_id)
     reg.create_writer("job", "c", (0, 0))
+
+
+async def test_max_writers_per_job() -> None:
+    reg = registry(MemoryUploader(), max_writers=10, max_writers_per_job=2)
+    a1 = reg.create_writer("job-a", "op-1", (0, 0))
+    reg.create_writer("job-a", "op-2", (0, 0))
+    with pytest.raises(TooManyWriters, match="max_writers_per_job=2") as info:
+        reg.create_writer("job-a", "op-3", (0, 0))
+    assert info.value.grpc_code == "RESOURCE_EXHAUSTED"
+    assert "job-a" in info.value.message
+    assert sample(reg.metrics, "dstl_writer_quota_refusals_total", scope="job") == 1
+    # another job still gets its own writers while job-a is full
+    b1 = reg.create_writer("job-b", "op-1", (0, 0))
+    reg.create_writer("job-b", "op-2", (0, 0))
+    with pytest.raises(TooManyWriters, match="job-b"):
+        reg.create_writer("job-b", "op-3", (0, 0))
+    assert len(reg) == 4
+    await reg.append(b1.log_id, batch((0, [b"b works"])))
+    # closing a writer of job-a frees a slot of job-a only
+    reg.close_writer(a1.log_id)
+    reg.create_writer("job-a", "op-3", (0, 0))
+    with pytest.raises(TooManyWriters):
+        reg.create_writer("job-b", "op-3", (0, 0))
+    assert sample(reg.metrics, "dstl_writer_quota_refusals_total", scope="job") == 3
+    assert sample(reg.metrics, "dstl_writer_quota_refusals_total", scope="node") == 0
+
+
+# ---------------------------------------------------------------- idle writers
+
+
+async def test_idle_writers_expire() -> None:
+    up = MemoryUploader()
+    reg = registry(up, writer_idle_timeout_s=100.0, max_writers_per_job=2)
+    idle = reg.create_writer("job", "idle", (0, 3))
+    busy = reg.create_writer("job", "busy", (0, 3))
+    await reg.append(idle.log_id, batch((0, [b"unpersisted"])))
+    await reg.append(busy.log_id, batch((0, [b"kept"])))
+    h = await reg.persist(idle.log_id, after=0)  # persisted: stays readable after expiry
+    await reg.append(idle.log_id, batch((1, [b"dropped"])))
+    now = time.monotonic()
+    assert reg.expire_idle(now) == 0  # both had a call just now
+    idle.last_call = now - 100.0  # exactly the timeout
+    busy.last_call = now - 99.0
+    assert reg.expire_idle(now) == 1
+    assert len(reg) == 1 and sample(reg.metrics, "dstl_writers") == 1
+    assert sample(reg.metrics, "dstl_writers_expired_total") == 1
+    assert reg.budget.used == charged(b"kept")  # the expired writer's bytes are freed
+    with pytest.raises(WriterClosed):
+        idle.check_open()
+    # a later call of the expired writer says what may have happened
+    with pytest.raises(LogNotFound, match="expired after 100s without a call"):
+        await reg.append(idle.log_id, batch((0, [b"late"])))
+    with pytest.raises(LogNotFound, match="expired"):
+        await reg.persist(idle.log_id, after=0)
+    assert await read_handle(up, h) == [(0, 0, [b"unpersisted"])]
+    # its job's slot is free again (max_writers_per_job=2)
+    reg.create_writer("job", "replacement", (0, 3))
+    # a call refreshes the writer: the sweep at the same time no longer finds it idle
+    busy.last_call = now - 1000.0
+    reg.last_appended_sqn(busy.log_id)
+    assert busy.last_call >= now
+    assert reg.expire_idle(now + 99.0) == 0
+    assert reg.expire_idle() == 0  # the default clock: nothing idle for 100 s
+    assert len(reg) == 2
+
+
+async def test_a_writer_with_an_upload_in_flight_does_not_expire() -> None:
+    up = MemoryUploader()
+    up.gate = asyncio.Event()
+    reg = registry(up, writer_idle_timeout_s=100.0)
+    wl = reg.create_writer("job", "op", (0, 3))
+    await reg.append(wl.log_id, batch((0, [b"uploading"])))
+    persist = asyncio.create_task(reg.persist(wl.log_id, after=0))
+    await wait_until(lambda: up.calls == 1)
+    later = time.monotonic() + 1000.0
+    assert reg.expire_idle(later) == 0  # idle for long, but its upload is still running
+    assert len(reg) == 1
+    up.gate.set()
+    h = await asyncio.wait_for(persist, 5)
+    await settle()
+    assert not wl.uploading
+    assert reg.expire_idle(later) == 1  # once the upload ended it is idle
+    assert reg.budget.used == 0
+    assert await read_handle(up, h) == [(0, 0, [b"uploading"])]
+
+
+# ---------------------------------------------------------------- memory accounting
+
+
+async def test_tiny_parts_are_charged_their_overhead() -> None:
+    up = MemoryUploader()
+    up.gate = asyncio.Event()
+    limit = 10 * PART_OVERHEAD_BYTES
+    reg = registry(
+        up,
+        max_in_flight_bytes=limit,
+        batch_size_threshold=limit,
+        preemptive_persist_threshold=0,
+        backpressure_timeout_s=0.05,
+    )
+    wl = reg.create_writer("job", "op", (0, 19))
+    # twenty one-byte changes in twenty parts: 100 bytes of data, but over the limit
+    tiny = [(kg, [b"x"]) for kg in range(20)]
+    await reg.append(wl.log_id, batch(*tiny))
+    assert reg.budget.used == 20 * charged(b"x") > limit
+    assert sample(reg.metrics, "dstl_appended_bytes_total") == 20 * pack_changes([b"x"]).nbytes
+    with pytest.raises(Backpressure):
+        await reg.append(wl.log_id, batch((0, [b"y"])))
+    up.gate.set()
+    await wait_until(lambda: reg.budget.used == 0)
 
 
 async def test_drain_refuses_new_writers_and_finishes_uploads() -> None:

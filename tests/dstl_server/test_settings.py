@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dstl_client.errors import ConfigError
 from dstl_server import cli
-from dstl_server.settings import KiB, MiB, ServerSettings, env_name
+from dstl_server.auth import Authenticator
+from dstl_server.settings import (
+    MIN_SECRET_CHARS,
+    MIN_SECRET_DISTINCT,
+    KiB,
+    MiB,
+    ServerSettings,
+    env_name,
+)
+
+#: a secret strong enough for the sidecar (32+ characters, 12+ distinct)
+SECRET = "0123456789abcdef0123456789abcdef-node-secret"
+TLS: dict[str, Any] = {"tls_cert": "/cert.pem", "tls_key": "/key.pem"}
 
 
 def test_defaults_are_valid_and_documented() -> None:
@@ -95,13 +108,13 @@ def test_cli_flag_beats_environment(
 ) -> None:
     monkeypatch.setenv("DSTL_PERSIST_DELAY_MS", "50")
     monkeypatch.setenv("DSTL_MAX_WRITERS", "7")
-    monkeypatch.setenv("DSTL_AUTH_TOKEN", "secret-token")
+    monkeypatch.setenv("DSTL_AUTH_SECRET", SECRET)
     assert cli.main(["--persist-delay-ms", "3", "--no-fsync", "--print-config"]) == 0
     out = capsys.readouterr().out
     assert "persist_delay_ms = 3.0" in out
     assert "max_writers = 7" in out
     assert "fsync = False" in out
-    assert "secret-token" not in out and "auth_token = '***'" in out
+    assert SECRET not in out and "auth_secret = '***'" in out
 
 
 def test_cli_reports_bad_config(
@@ -152,6 +165,42 @@ INVALID: list[tuple[dict[str, Any], tuple[str, ...]]] = [
     ({"hedge_min_delay_ms": 100.0, "hedge_max_delay_ms": 50.0}, ("hedge_max_delay_ms",)),
     ({"s3_max_connections": 0}, ("s3_max_connections",)),
     ({"log_level": "LOUD"}, ("log_level",)),
+    # writer quotas and expiry
+    ({"max_writers_per_job": 0}, ("max_writers_per_job",)),
+    ({"max_writers_per_job": -5}, ("max_writers_per_job",)),
+    ({"writer_idle_timeout_s": 0.0}, ("writer_idle_timeout_s",)),
+    ({"writer_idle_timeout_s": -1.0}, ("writer_idle_timeout_s",)),
+    # storage URLs: a bucket for s3, an absolute path for file
+    ({"storage": "s3://"}, ("storage",)),
+    ({"storage": "s3:///prefix"}, ("storage",)),
+    ({"storage": "file://relative/dir"}, ("storage",)),
+    ({"storage": "file://"}, ("storage",)),
+    ({"storage": "file:relative"}, ("storage",)),
+    ({"storage": ""}, ("storage",)),
+    # every float must be finite
+    ({"persist_delay_ms": float("nan")}, ("persist_delay_ms",)),
+    ({"persist_delay_ms": float("inf")}, ("persist_delay_ms",)),
+    ({"upload_timeout_s": float("nan")}, ("upload_timeout_s",)),
+    ({"upload_timeout_s": float("inf")}, ("upload_timeout_s",)),
+    ({"backpressure_timeout_s": float("inf")}, ("backpressure_timeout_s",)),
+    ({"hedge_quantile": float("nan")}, ("hedge_quantile",)),
+    ({"hedge_budget_fraction": float("nan")}, ("hedge_budget_fraction",)),
+    ({"hedge_max_delay_ms": float("inf")}, ("hedge_max_delay_ms",)),
+    ({"shutdown_grace_s": float("-inf")}, ("shutdown_grace_s",)),
+    ({"call_order_timeout_s": float("nan")}, ("call_order_timeout_s",)),
+    ({"writer_idle_timeout_s": float("inf")}, ("writer_idle_timeout_s",)),
+    # metrics_host: an IP address or localhost; non-loopback only with metrics_public
+    ({"metrics_host": "0.0.0.0"}, ("metrics_host", "metrics_public")),
+    ({"metrics_host": "10.1.2.3"}, ("metrics_host", "metrics_public")),
+    ({"metrics_host": "::"}, ("metrics_host", "metrics_public")),
+    ({"metrics_host": "not an address"}, ("metrics_host",)),
+    ({"metrics_host": "example.com"}, ("metrics_host",)),
+    ({"metrics_host": "127.evil.example"}, ("metrics_host",)),
+    ({"metrics_host": ""}, ("metrics_host",)),
+    # the node secret
+    ({"auth_secret": "too-short"}, ("auth_secret",)),
+    ({"auth_secret": "x" * 64}, ("auth_secret",)),  # long, but one distinct character
+    ({"auth_secret": "   "}, ("auth_secret",)),
 ]
 
 
@@ -163,6 +212,7 @@ def test_every_validation_error_names_the_setting(
         ServerSettings(**overrides)
     for name in names:
         assert name in info.value.message
+    assert "\n" not in info.value.message  # one line
     # the same through the environment
     env = {env_name(k): str(v) for k, v in overrides.items()}
     with pytest.raises(ConfigError):
@@ -191,12 +241,14 @@ def test_boundary_values_are_accepted() -> None:
 @pytest.mark.parametrize(
     "listen", ["0.0.0.0:7070", "10.1.2.3:7070", "[::]:7070", "node1:7070", "127.evil.example:70"]
 )
-def test_non_loopback_listen_needs_token_or_tls(listen: str) -> None:
-    with pytest.raises(ConfigError, match="listen") as info:
-        ServerSettings(listen=listen)
-    assert "auth_token or TLS" in info.value.message
-    ServerSettings(listen=listen, auth_token="t0ken")
-    ServerSettings(listen=listen, tls_cert="/cert.pem", tls_key="/key.pem")
+def test_non_loopback_listen_needs_tls_and_a_secret(listen: str) -> None:
+    # neither, only a secret, only TLS: each refused, naming what is missing
+    extras: list[dict[str, Any]] = [{}, {"auth_secret": SECRET}, TLS]
+    for extra in extras:
+        with pytest.raises(ConfigError, match="listen") as info:
+            ServerSettings(listen=listen, **extra)
+        assert "TLS" in info.value.message and "auth secret" in info.value.message
+    ServerSettings(listen=listen, auth_secret=SECRET, **TLS)
 
 
 @pytest.mark.parametrize(
@@ -214,3 +266,234 @@ def test_is_loopback() -> None:
     assert not ServerSettings.is_loopback("example.com")
     assert not ServerSettings.is_loopback("127.example.com")  # a name, not an address
     assert not ServerSettings.is_loopback("127.0.0.1.nip.io")
+
+
+# ---------------------------------------------------------------- new validations
+
+
+@pytest.mark.parametrize(
+    "storage",
+    [
+        "file:///",
+        "file:///var/lib/dstl",
+        "s3://bucket",
+        "s3://bucket/",
+        "s3://bucket/some/prefix",
+    ],
+)
+def test_good_storage_urls(storage: str) -> None:
+    assert ServerSettings(storage=storage).storage == storage
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_loopback_metrics_hosts_need_nothing(host: str) -> None:
+    assert ServerSettings(metrics_host=host).metrics_host == host
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::"])
+def test_public_metrics_host_with_metrics_public(host: str) -> None:
+    assert ServerSettings(metrics_host=host, metrics_public=True).metrics_public
+    s = ServerSettings.from_sources(
+        environ={"DSTL_METRICS_HOST": host, "DSTL_METRICS_PUBLIC": "true"}
+    )
+    assert s.metrics_host == host
+
+
+def test_metrics_public_does_not_allow_names() -> None:
+    with pytest.raises(ConfigError, match="metrics_host"):
+        ServerSettings(metrics_host="example.com", metrics_public=True)
+
+
+@pytest.mark.parametrize("raw", ["nan", "NaN", "inf", "-inf", "Infinity"])
+def test_non_finite_floats_from_the_environment(raw: str) -> None:
+    with pytest.raises(ConfigError, match=r"persist_delay_ms=.*: must be a finite number"):
+        ServerSettings.from_sources(environ={"DSTL_PERSIST_DELAY_MS": raw})
+
+
+def test_every_float_setting_must_be_finite() -> None:
+    floats = [f.name for f in dataclasses.fields(ServerSettings) if type(f.default) is float]
+    assert "writer_idle_timeout_s" in floats and len(floats) > 10
+    for name in floats:
+        for value in (float("nan"), float("inf"), float("-inf")):
+            kwargs: dict[str, Any] = {name: value}
+            with pytest.raises(ConfigError) as info:
+                ServerSettings(**kwargs)
+            assert f"setting {name}=" in info.value.message, (name, value)
+
+
+def test_writer_quota_and_idle_defaults() -> None:
+    s = ServerSettings()
+    assert s.max_writers_per_job == 1024
+    assert s.writer_idle_timeout_s == 3600.0
+    s = ServerSettings.from_sources(
+        environ={"DSTL_MAX_WRITERS_PER_JOB": "3", "DSTL_WRITER_IDLE_TIMEOUT_S": "1.5"}
+    )
+    assert (s.max_writers_per_job, s.writer_idle_timeout_s) == (3, 1.5)
+
+
+# ---------------------------------------------------------------- the node secret
+
+
+def test_secret_strength() -> None:
+    weakest = "abcdefghijkl" + "a" * (MIN_SECRET_CHARS - MIN_SECRET_DISTINCT)
+    assert len(weakest) == MIN_SECRET_CHARS and len(set(weakest)) == MIN_SECRET_DISTINCT
+    assert ServerSettings(auth_secret=weakest).auth_secret == weakest
+    too_short = weakest[:-1]
+    too_few_distinct = "abcdefghijk" + "a" * (MIN_SECRET_CHARS - MIN_SECRET_DISTINCT + 1)
+    # padding does not make a secret longer: it is stripped
+    padded = "  " + weakest[:-1] + "\n"
+    for weak in (too_short, too_few_distinct, padded):
+        with pytest.raises(ConfigError, match="auth_secret: too weak") as info:
+            ServerSettings(auth_secret=weak)
+        assert weak.strip() not in info.value.message  # never echoed
+
+
+def test_auth_secret_is_environment_only() -> None:
+    assert ServerSettings.env_only("auth_secret")
+    names = [f.name for f in dataclasses.fields(ServerSettings)]
+    assert [n for n in names if ServerSettings.env_only(n)] == ["auth_secret"]
+    assert "auth_token" not in names
+    s = ServerSettings.from_sources(environ={"DSTL_AUTH_SECRET": SECRET})
+    assert s.auth_secret == SECRET
+
+
+def test_cli_has_no_secret_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = cli.build_parser()
+    flags = {opt for action in parser._actions for opt in action.option_strings}
+    assert "--auth-secret" not in flags and "--auth-token" not in flags
+    assert "--auth-secret-file" in flags and "--print-token" in flags
+    for argv in (["--auth-secret", SECRET], ["--auth-token", SECRET]):
+        # no flag, and no abbreviation of --auth-secret-file either
+        with pytest.raises(SystemExit) as info:
+            parser.parse_args(argv)
+        assert info.value.code == 2
+    capsys.readouterr()
+
+
+def test_secret_from_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_text(SECRET + "\n")
+    s = ServerSettings.from_sources({"auth_secret_file": str(path)}, environ={})
+    assert s.auth_secret == SECRET  # the trailing newline is stripped
+    s = ServerSettings.from_sources(environ={"DSTL_AUTH_SECRET_FILE": str(path)})
+    assert s.auth_secret == SECRET
+
+
+def test_secret_file_and_environment_together_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_text(SECRET)
+    with pytest.raises(ConfigError, match="auth secret once"):
+        ServerSettings.from_sources(
+            {"auth_secret_file": str(path)}, environ={"DSTL_AUTH_SECRET": SECRET}
+        )
+
+
+def test_unreadable_secret_file(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    with pytest.raises(ConfigError, match="auth_secret_file") as info:
+        ServerSettings.from_sources({"auth_secret_file": str(missing)}, environ={})
+    assert "cannot read" in info.value.message
+    with pytest.raises(ConfigError, match="auth_secret_file"):
+        ServerSettings.from_sources({"auth_secret_file": str(tmp_path)}, environ={})  # a dir
+
+
+def test_weak_secret_in_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_text("short\n")
+    with pytest.raises(ConfigError, match="auth_secret: too weak"):
+        ServerSettings.from_sources({"auth_secret_file": str(path)}, environ={})
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_print_config_masks_a_secret_from_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("DSTL_AUTH_SECRET", raising=False)
+    path = tmp_path / "secret"
+    path.write_text(SECRET)
+    assert cli.main(["--auth-secret-file", str(path), "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert SECRET not in out and "auth_secret = '***'" in out
+    assert f"auth_secret_file = {str(path)!r}" in out
+
+
+def test_print_config_without_a_secret(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("DSTL_AUTH_SECRET", raising=False)
+    monkeypatch.delenv("DSTL_AUTH_SECRET_FILE", raising=False)
+    assert cli.main(["--print-config"]) == 0
+    assert "auth_secret = ''" in capsys.readouterr().out
+
+
+def test_print_token(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("DSTL_AUTH_SECRET", SECRET)
+    auth = Authenticator(SECRET)
+    assert cli.main(["--print-token", "job-a"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == auth.job_token("job-a")
+    assert auth.principal(out).job_id == "job-a"
+    assert cli.main(["--print-admin-token"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == auth.admin_token() and auth.principal(out).admin
+    # a job that happens to be named "admin" gets a job token, never the admin's
+    assert cli.main(["--print-token", "admin"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == auth.job_token("admin") and not auth.principal(out).admin
+
+
+def test_print_token_refuses_a_bad_job_id(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DSTL_AUTH_SECRET", SECRET)
+    assert cli.main(["--print-token", "bad/job"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "bad job id" in captured.err
+
+
+def test_print_token_needs_a_secret(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("DSTL_AUTH_SECRET", raising=False)
+    monkeypatch.delenv("DSTL_AUTH_SECRET_FILE", raising=False)
+    assert cli.main(["--print-token", "job-a"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "auth secret" in captured.err
+
+
+def test_print_token_with_a_weak_secret_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DSTL_AUTH_SECRET", "weak")
+    assert cli.main(["--print-token", "job-a"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "auth_secret" in captured.err and "weak" in captured.err
+
+
+@pytest.mark.parametrize(("abandoned", "code"), [(0, 0), (2, 3)])
+def test_main_exit_code_when_shutdown_abandons_persists(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    abandoned: int,
+    code: int,
+) -> None:
+    import dstl_server.logs
+
+    seen: list[ServerSettings] = []
+
+    async def fake_serve(settings: ServerSettings) -> int:
+        seen.append(settings)
+        return abandoned
+
+    monkeypatch.setattr(cli, "serve", fake_serve)
+    monkeypatch.setattr(cli, "_fix_malloc_mmap_threshold", lambda: None)
+    monkeypatch.setattr(dstl_server.logs, "setup_logging", lambda level: None)
+    assert cli.main(["--shutdown-grace-s", "7"]) == code
+    assert len(seen) == 1 and seen[0].shutdown_grace_s == 7.0
+    err = capsys.readouterr().err
+    if abandoned:
+        assert "cut off 2 in-flight persist(s)" in err and "shutdown_grace_s=7" in err
+    else:
+        assert err == ""

@@ -28,16 +28,9 @@ SECRET = "k7Qv2-node-secret-9fLx3mZp8RtYw4Hs6Jd1"
 
 def token_of(job: str, secret_file: Path) -> str:
     """Mint a token the way an operator does: the CLI, from the secret file."""
+    which = ["--print-admin-token"] if job == "admin" else ["--print-token", job]
     res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dstl_server",
-            "--auth-secret-file",
-            str(secret_file),
-            "--print-token",
-            job,
-        ],
+        [sys.executable, "-m", "dstl_server", "--auth-secret-file", str(secret_file), *which],
         capture_output=True,
         text=True,
         timeout=60,
