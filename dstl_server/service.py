@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from dstl_client._pb import dstl_pb2 as pb
 from dstl_client._pb import dstl_pb2_grpc as pb_grpc
 from dstl_client.errors import (
+    Backpressure,
     DstlError,
     InvalidArgument,
     PermissionDenied,
@@ -126,6 +127,8 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         self.reader = HandleReader(self._fetch)
         self._accepting = True
         self._in_flight = 0
+        #: bytes of change-carrying calls waiting for an earlier call of their writer
+        self._parked_bytes = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -157,10 +160,43 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         return wl
 
     @contextlib.asynccontextmanager
-    async def _in_order(self, wl: WriterLog, session: int, seq: int) -> AsyncIterator[None]:
-        """Run the ordered part of a writer's call after its earlier calls."""
+    async def _in_order(
+        self,
+        wl: WriterLog,
+        session: int,
+        seq: int,
+        changes: Sequence[pb.KeyGroupChanges] = (),
+    ) -> AsyncIterator[None]:
+        """Run the ordered part of a writer's call after its earlier calls.
+
+        A call that has to wait for an earlier one holds its request in
+        memory before the budget sees it; those parked bytes are bounded by
+        ``max_in_flight_bytes`` over the node (a client keeps at most a few
+        calls of a writer in flight), past which the call is refused with
+        Backpressure and, as it carried changes, its session fails.
+        """
         calls = wl.calls
-        await calls.enter(session, seq, self.registry.settings.call_order_timeout_s)
+        parked = 0
+        expected = calls.next_seq if session == calls.session else 1
+        if changes and seq and seq != expected:
+            parked = sum(len(c.sizes) + len(c.payload) for c in changes)
+            limit = self.registry.settings.max_in_flight_bytes
+            if self._parked_bytes + parked > limit:
+                refusal = Backpressure(
+                    f"call {seq} of writer {wl.log_id} must wait for an earlier call, and "
+                    f"waiting calls already hold {self._parked_bytes} bytes (limit {limit})"
+                )
+                calls.fail(session, WriterFailed(refusal.message))
+                self.metrics.sessions_failed.inc()
+                raise refusal
+            self._parked_bytes += parked
+            self.metrics.parked_bytes.set(self._parked_bytes)
+        try:
+            await calls.enter(session, seq, self.registry.settings.call_order_timeout_s)
+        finally:
+            if parked:
+                self._parked_bytes -= parked
+                self.metrics.parked_bytes.set(self._parked_bytes)
         try:
             yield
         finally:
@@ -229,7 +265,7 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         wl = self._owned_log(context, request.log_id)
         # Validation runs inside the ordered part, so a refused call still
         # takes its turn and never leaves a gap in the writer's sequence.
-        async with self._in_order(wl, request.session, request.seq):
+        async with self._in_order(wl, request.session, request.seq, request.changes):
             if not request.changes:
                 raise InvalidArgument("empty append batch")
             sqn = await self._append_or_fail(wl, request.changes, request.session, request.seq)
@@ -249,7 +285,7 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         self, request: pb.PersistRequest, context: grpc.aio.ServicerContext
     ) -> pb.PersistResponse:
         wl = self._owned_log(context, request.log_id)
-        async with self._in_order(wl, request.session, request.seq):
+        async with self._in_order(wl, request.session, request.seq, request.changes):
             if request.changes:
                 await self._append_or_fail(wl, request.changes, request.session, request.seq)
             pending = self.registry.begin_persist(request.log_id, request.after)

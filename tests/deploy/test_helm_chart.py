@@ -6,7 +6,8 @@ validated against the Kubernetes OpenAPI schemas shipped by kubernetes-validate
 (strict: unknown fields fail), for the chart's oldest supported Kubernetes and
 the newest one the package knows. The settings the chart hands to dstl-server
 are checked against ``ServerSettings`` itself, and the exec health probe is run
-against a real dstl-server process.
+against a real dstl-server process. The node secret (``DSTL_AUTH_SECRET``) goes
+to dstl-server only; executors get a job's own token from a Secret of the job.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from dstl_client.client import ChangelogClient
+from dstl_client.errors import ConfigError, Unauthenticated
+from dstl_server.auth import Authenticator
 from dstl_server.settings import ServerSettings, env_name
 from dstl_server.testing import ServerProcess
 
@@ -39,8 +43,11 @@ DEFAULTS = {name: default for name, _env, default, _unit, _doc in ServerSettings
 
 Manifest = dict[str, Any]
 
+#: a node secret dstl-server accepts (32+ characters, 12+ distinct)
+NODE_SECRET = "q7Vx2LmP9rT4wZ8kN3bH6cJ1fD5sGa0y"
+
 # --------------------------------------------------------------- configurations
-S3_TCP_TOKEN: dict[str, Any] = {
+S3_TCP_AUTH: dict[str, Any] = {
     "image": {"repository": "registry.example.com/dstl-server", "tag": "1.2.3"},
     "storage": {"url": "s3://dstl-changelog/prod"},
     "s3": {
@@ -50,7 +57,12 @@ S3_TCP_TOKEN: dict[str, Any] = {
         "caBundle": {"configMap": "s3-ca", "key": "ca.pem"},
     },
     "tcp": {"enabled": True, "hostPort": True},
-    "auth": {"existingSecret": "dstl-token", "secretKey": "bearer"},
+    "tls": {"existingSecret": "dstl-tls"},
+    "auth": {
+        "existingSecret": "dstl-node-secret",
+        "secretKey": "node-secret",
+        "jobTokenSecret": {"name": "job1-dstl-token", "key": "bearer"},
+    },
     "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
     "config": {"maxInFlightBytes": 268435456, "logLevel": "INFO", "hedgeMode": "fixed"},
     "extraArgs": ["--persist-delay-ms", "5"],
@@ -61,18 +73,19 @@ S3_TCP_TOKEN: dict[str, Any] = {
 SIDECAR: dict[str, Any] = {
     "mode": "sidecar",
     "storage": {"url": "s3://dstl-changelog/jobs"},
-    "auth": {"token": "s3cr3t-token"},
+    "auth": {"secret": NODE_SECRET, "jobTokenSecret": {"name": "job1-dstl-token"}},
 }
 TLS_TCP_ONLY: dict[str, Any] = {
     "storage": {"url": "s3://dstl-changelog/tls"},
     "unixSocket": {"enabled": False},
     "tcp": {"enabled": True, "hostPort": True},
     "tls": {"existingSecret": "dstl-tls"},
+    "auth": {"existingSecret": "dstl-node-secret"},
     "executorPodTemplate": {"enabled": True},
 }
 CONFIGS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "s3-tcp-token": S3_TCP_TOKEN,
+    "s3-tcp-auth": S3_TCP_AUTH,
     "sidecar": SIDECAR,
     "tls-tcp-only": TLS_TCP_ONLY,
 }
@@ -127,6 +140,23 @@ def settings_from(config_map: Manifest, **secrets: str) -> ServerSettings:
     return ServerSettings.from_sources(environ={**config_map["data"], **secrets})
 
 
+def secret_names(obj: Any) -> set[str]:
+    """Every Secret a pod spec, container or env list refers to, wherever it does."""
+    found: set[str] = set()
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key in ("secretKeyRef", "secretRef") and isinstance(value, dict):
+                found.add(value["name"])
+            elif key == "secret" and isinstance(value, dict) and "secretName" in value:
+                found.add(value["secretName"])  # a volume
+            else:
+                found |= secret_names(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            found |= secret_names(item)
+    return found
+
+
 # ------------------------------------------------------------------------ tests
 def test_chart_lints_clean_in_strict_mode() -> None:
     for values in CONFIGS.values():
@@ -177,6 +207,7 @@ def test_default_daemonset(chart: helm.Chart) -> None:
     assert cm["data"]["DSTL_UNIX_SOCKET"] == sock
     assert cm["data"]["DSTL_LISTEN"] == ""  # Unix socket only
     assert cm["data"]["DSTL_METRICS_HOST"] == "0.0.0.0"
+    assert cm["data"]["DSTL_METRICS_PUBLIC"] == "true"  # dstl-server refuses 0.0.0.0 without
     assert cm["data"]["DSTL_STORAGE"] == "file:///var/lib/dstl/objects"
 
     # the socket directory is the node's, at the same path as in the executors
@@ -239,6 +270,8 @@ def test_default_daemonset(chart: helm.Chart) -> None:
     executor = executor_pod(docs)
     exec_c = container(executor["spec"], "spark-kubernetes-executor")
     assert by_name(exec_c["env"])["DSTL_ADDRESS"]["value"] == f"unix://{sock}"
+    assert "DSTL_TOKEN" not in by_name(exec_c["env"])  # auth is off
+    assert "env" not in server and "Secret" not in kinds(docs)
     assert by_name(exec_c["volumeMounts"])["dstl-socket"]["readOnly"] is True
     assert by_name(executor["spec"]["volumes"])["dstl-socket"]["hostPath"]["path"] == (
         "/var/run/dstl"
@@ -246,8 +279,8 @@ def test_default_daemonset(chart: helm.Chart) -> None:
     assert executor["spec"]["securityContext"]["supplementalGroups"] == [185]
 
 
-def test_s3_tcp_token_daemonset(chart: helm.Chart) -> None:
-    docs = render(chart, S3_TCP_TOKEN)
+def test_s3_tcp_auth_daemonset(chart: helm.Chart) -> None:
+    docs = render(chart, S3_TCP_AUTH)
     ds = only(docs, "DaemonSet", RELEASE)
     spec = ds["spec"]["template"]["spec"]
     server = container(spec, "dstl")
@@ -260,8 +293,8 @@ def test_s3_tcp_token_daemonset(chart: helm.Chart) -> None:
         {"secretRef": {"name": "dstl-s3-credentials"}},
     ]
     env = by_name(server["env"])
-    assert env["DSTL_AUTH_TOKEN"]["valueFrom"] == {
-        "secretKeyRef": {"name": "dstl-token", "key": "bearer"}
+    assert env["DSTL_AUTH_SECRET"]["valueFrom"] == {
+        "secretKeyRef": {"name": "dstl-node-secret", "key": "node-secret"}
     }
     assert env["AWS_MAX_ATTEMPTS"]["value"] == "2"
     assert "Secret" not in kinds(docs)  # an existing Secret is referenced, not made
@@ -277,10 +310,21 @@ def test_s3_tcp_token_daemonset(chart: helm.Chart) -> None:
     assert by_name(spec["volumes"])["dstl-s3-ca"]["configMap"]["name"] == "s3-ca"
     assert "dstl-objects" not in mounts  # s3:// needs no local directory
 
-    # TCP on the pod IP in clear text: kubelet's own gRPC probes
-    assert server["readinessProbe"]["grpc"] == {"port": 7070, "service": "dstl.v1.Changelog"}
-    assert server["livenessProbe"]["grpc"] == {"port": 7070, "service": ""}
-    assert server["startupProbe"]["grpc"]["port"] == 7070
+    assert cm["DSTL_TLS_CERT"] == mounts["dstl-tls"]["mountPath"] + "/tls.crt"
+    assert "DSTL_AUTH_SECRET" not in cm  # from the Secret, never the ConfigMap
+
+    # TCP on the pod IP has TLS, which kubelet's gRPC probes cannot speak: exec
+    # probes over the Unix socket (on here), which need no token either
+    for probe_key, service in (
+        ("startupProbe", ""),
+        ("readinessProbe", "dstl.v1.Changelog"),
+        ("livenessProbe", ""),
+    ):
+        assert "grpc" not in server[probe_key]
+        assert server[probe_key]["exec"]["command"][3:5] == [
+            "unix:///var/run/dstl/dstl.sock",
+            service,
+        ]
     ports = by_name(server["ports"])
     assert ports["grpc"] == {
         "name": "grpc",
@@ -300,11 +344,11 @@ def test_s3_tcp_token_daemonset(chart: helm.Chart) -> None:
     sa = only(docs, "ServiceAccount")
     assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam")
 
-    # executors: still the Unix socket (it is on), plus the token
+    # executors: still the Unix socket (it is on), plus their job's own token
     exec_env = by_name(container(executor_pod(docs)["spec"], "spark-kubernetes-executor")["env"])
     assert exec_env["DSTL_ADDRESS"]["value"] == "unix:///var/run/dstl/dstl.sock"
     assert exec_env["DSTL_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-        "name": "dstl-token",
+        "name": "job1-dstl-token",
         "key": "bearer",
     }
 
@@ -329,7 +373,7 @@ def test_sidecar_mode_executor_pod_template(chart: helm.Chart) -> None:
     docs = render(chart, SIDECAR)
     assert "DaemonSet" not in kinds(docs) and "Service" not in kinds(docs)
     secret = only(docs, "Secret", f"{RELEASE}-auth")
-    assert base64.b64decode(secret["data"]["token"]).decode() == "s3cr3t-token"
+    assert base64.b64decode(secret["data"]["secret"]).decode() == NODE_SECRET
 
     pod = executor_pod(docs)
     spec = pod["spec"]
@@ -337,8 +381,8 @@ def test_sidecar_mode_executor_pod_template(chart: helm.Chart) -> None:
     assert sidecar["restartPolicy"] == "Always"  # a native sidecar: up before the executor
     assert "exec" in sidecar["readinessProbe"]
     assert sidecar["envFrom"][0]["configMapRef"]["name"] == f"{RELEASE}-config"
-    token_ref = {"secretKeyRef": {"name": f"{RELEASE}-auth", "key": "token"}}
-    assert by_name(sidecar["env"])["DSTL_AUTH_TOKEN"]["valueFrom"] == token_ref
+    node_ref = {"secretKeyRef": {"name": f"{RELEASE}-auth", "key": "secret"}}
+    assert by_name(sidecar["env"])["DSTL_AUTH_SECRET"]["valueFrom"] == node_ref
     # the executor's pod securityContext is not the chart's: the container pins its own
     sc = sidecar["securityContext"]
     assert (sc["runAsNonRoot"], sc["runAsUser"], sc["runAsGroup"]) == (True, 10001, 185)
@@ -347,7 +391,9 @@ def test_sidecar_mode_executor_pod_template(chart: helm.Chart) -> None:
     executor = container(spec, "spark-kubernetes-executor")
     env = by_name(executor["env"])
     assert env["DSTL_ADDRESS"]["value"] == "unix:///var/run/dstl/dstl.sock"
-    assert env["DSTL_TOKEN"]["valueFrom"] == token_ref
+    job_ref = {"secretKeyRef": {"name": "job1-dstl-token", "key": "token"}}
+    assert env["DSTL_TOKEN"]["valueFrom"] == job_ref
+    assert "DSTL_AUTH_SECRET" not in env
     volumes = by_name(spec["volumes"])
     assert "emptyDir" in volumes["dstl-socket"] and "hostPath" not in volumes["dstl-socket"]
     assert by_name(sidecar["volumeMounts"])["dstl-socket"]["mountPath"] == "/var/run/dstl"
@@ -375,11 +421,14 @@ def test_config_map_holds_real_settings_the_server_accepts(chart: helm.Chart, co
         for var in c.get("env", []):
             if var["name"].startswith("DSTL_"):
                 assert var["name"] in SETTING_ENV, var["name"]
-    secrets = {"DSTL_AUTH_TOKEN": "t"} if "auth" in CONFIGS[config] else {}
+    secrets = {"DSTL_AUTH_SECRET": NODE_SECRET} if "auth" in CONFIGS[config] else {}
     settings = settings_from(cm, **secrets)  # raises ConfigError when dstl-server would
     assert settings.storage == CONFIGS[config].get("storage", {}).get(
         "url", "file:///var/lib/dstl/objects"
     )
+    # metrics bind 0.0.0.0 in the pod, which dstl-server allows only when told to
+    assert (settings.metrics_host, settings.metrics_public) == ("0.0.0.0", True)
+    assert "DSTL_AUTH_SECRET" not in cm["data"]
 
 
 def _containers(doc: Manifest) -> list[Manifest]:
@@ -414,40 +463,98 @@ def test_null_leaves_a_setting_to_the_server(chart: helm.Chart) -> None:
     assert "DSTL_HEDGE_QUANTILE" in cm["data"]
 
 
-def test_non_loopback_tcp_without_token_or_tls_fails_to_render(chart: helm.Chart) -> None:
-    with pytest.raises(helm.HelmRenderError) as failure:
-        render(chart, {"tcp": {"enabled": True}})
-    message = str(failure.value)
-    assert "tcp.bindAddress 0.0.0.0 is not loopback, so TCP needs a token or TLS" in message
-    assert "auth.existingSecret" in message and "tls.existingSecret" in message
-    # loopback needs nothing, like dstl-server itself; a token or TLS is enough
-    for ok in (
-        {"tcp": {"enabled": True, "bindAddress": "127.0.0.1"}},
-        {"tcp": {"enabled": True}, "auth": {"token": "x"}},
-        {"tcp": {"enabled": True}, "tls": {"existingSecret": "dstl-tls"}},
-    ):
-        assert "DaemonSet" in kinds(render(chart, ok))
+NODE_AUTH: dict[str, Any] = {"existingSecret": "dstl-node-secret"}
+TLS: dict[str, Any] = {"existingSecret": "dstl-tls"}
 
 
 @pytest.mark.parametrize(
-    ("tcp", "listen", "probe_target"),
+    ("values", "missing"),
     [
-        ({"bindAddress": "::"}, "[::]:7070", None),  # IPv6 literal: bracketed
-        ({"bindAddress": "127.0.0.1", "port": 7171}, "127.0.0.1:7171", "unix://"),
+        ({}, "tls.existingSecret, auth.existingSecret (or auth.secret)"),
+        ({"auth": NODE_AUTH}, "tls.existingSecret"),
+        ({"auth": {"secret": NODE_SECRET}}, "tls.existingSecret"),
+        ({"tls": TLS}, "auth.existingSecret (or auth.secret)"),
+    ],
+)
+def test_non_loopback_tcp_without_tls_and_auth_fails_to_render(
+    chart: helm.Chart, values: dict[str, Any], missing: str
+) -> None:
+    with pytest.raises(helm.HelmRenderError) as failure:
+        render(chart, {"tcp": {"enabled": True}, **values})
+    message = str(failure.value)
+    assert "tcp.bindAddress 0.0.0.0 is not loopback, so TCP needs both TLS and auth" in message
+    assert "tls.existingSecret and auth.existingSecret (or auth.secret)" in message
+    assert message.rstrip().endswith(f"missing: {missing}")
+    # the same rule as dstl-server's own: one of the two is not enough
+    with pytest.raises(ConfigError, match="needs TLS"):
+        ServerSettings(
+            listen="0.0.0.0:7070",
+            auth_secret=NODE_SECRET if "auth" in values else "",
+            tls_cert="/c" if "tls" in values else "",
+            tls_key="/k" if "tls" in values else "",
+        )
+
+
+def test_loopback_tcp_or_tls_and_auth_render(chart: helm.Chart) -> None:
+    """Loopback needs nothing, like dstl-server itself; other addresses TLS and auth."""
+    for ok in (
+        {"tcp": {"enabled": True, "bindAddress": "127.0.0.1"}},
+        {"tcp": {"enabled": True}, "auth": NODE_AUTH, "tls": TLS},
+        {"tcp": {"enabled": True}, "auth": {"secret": NODE_SECRET}, "tls": TLS},
+    ):
+        docs = render(chart, ok)
+        assert "DaemonSet" in kinds(docs)
+        secrets = {"DSTL_AUTH_SECRET": NODE_SECRET} if "auth" in ok else {}
+        settings_from(only(docs, "ConfigMap", f"{RELEASE}-config"), **secrets)
+
+
+@pytest.mark.parametrize(
+    ("values", "listen", "probe"),
+    [
+        # IPv6 literal: bracketed; TLS on the pod IP: exec over the Unix socket
+        (
+            {"tcp": {"bindAddress": "::"}, "auth": NODE_AUTH, "tls": TLS},
+            "[::]:7070",
+            "unix:///var/run/dstl/dstl.sock",
+        ),
+        # loopback only, no socket: exec over loopback TCP (out of kubelet's reach)
+        (
+            {
+                "tcp": {"bindAddress": "127.0.0.1", "port": 7171},
+                "unixSocket": {"enabled": False},
+                "executorPodTemplate": {"enabled": False},
+            },
+            "127.0.0.1:7171",
+            "127.0.0.1:7171",
+        ),
+        # TLS and no socket: only a TCP connect check is possible
+        (
+            {
+                "tcp": {"hostPort": True},
+                "unixSocket": {"enabled": False},
+                "auth": NODE_AUTH,
+                "tls": TLS,
+            },
+            "0.0.0.0:7070",
+            "tcpSocket",
+        ),
     ],
 )
 def test_listen_address_and_probe_follow_the_tcp_values(
-    chart: helm.Chart, tcp: dict[str, Any], listen: str, probe_target: str | None
+    chart: helm.Chart, values: dict[str, Any], listen: str, probe: str
 ) -> None:
-    docs = render(chart, {"tcp": {"enabled": True, **tcp}, "auth": {"existingSecret": "t"}})
+    docs = render(chart, {**values, "tcp": {"enabled": True, **values["tcp"]}})
     cm = only(docs, "ConfigMap", f"{RELEASE}-config")
     assert cm["data"]["DSTL_LISTEN"] == listen
-    assert settings_from(cm, DSTL_AUTH_TOKEN="t").listen == listen
-    probe = container(only(docs, "DaemonSet")["spec"]["template"]["spec"], "dstl")["readinessProbe"]
-    if probe_target is None:  # reachable on the pod IP: kubelet's gRPC probe
-        assert probe["grpc"]["port"] == 7070
-    else:  # loopback is out of kubelet's reach: exec over the socket
-        assert probe["exec"]["command"][3].startswith(probe_target)
+    secrets = {"DSTL_AUTH_SECRET": NODE_SECRET} if "auth" in values else {}
+    assert settings_from(cm, **secrets).listen == listen
+    server = container(only(docs, "DaemonSet")["spec"]["template"]["spec"], "dstl")
+    readiness = server["readinessProbe"]
+    assert "grpc" not in readiness  # kubelet gRPC probes: no TLS, no socket
+    if probe == "tcpSocket":
+        assert readiness["tcpSocket"] == {"port": "grpc"}
+    else:
+        assert readiness["exec"]["command"][3] == probe
 
 
 @pytest.mark.parametrize(
@@ -456,13 +563,30 @@ def test_listen_address_and_probe_follow_the_tcp_values(
         ({"unixSocket": {"enabled": False}}, "nothing to listen on"),
         ({"terminationGracePeriodSeconds": 30}, "must exceed config.shutdownGraceS"),
         (
-            {**SIDECAR, "tcp": {"enabled": True, "hostPort": True}},
+            {**SIDECAR, "tcp": {"enabled": True, "hostPort": True}, "tls": TLS},
             "tcp.hostPort is for mode daemonset only",
         ),
         ({"mode": "sidecar"}, "file:// objects in the executor pod's emptyDir"),
         (
-            {"unixSocket": {"enabled": False}, "tcp": {"enabled": True}, "auth": {"token": "x"}},
+            {
+                "unixSocket": {"enabled": False},
+                "tcp": {"enabled": True},
+                "auth": NODE_AUTH,
+                "tls": TLS,
+            },
             "executors reach the DaemonSet over unixSocket or tcp.hostPort",
+        ),
+        (
+            {"auth": {**NODE_AUTH, "secret": NODE_SECRET}},
+            "give the node secret once: auth.existingSecret or auth.secret, not both",
+        ),
+        (
+            {"auth": {**NODE_AUTH, "jobTokenSecret": {"name": "dstl-node-secret"}}},
+            "auth.jobTokenSecret.name dstl-node-secret is the node secret's Secret",
+        ),
+        (
+            {"auth": {"secret": NODE_SECRET, "jobTokenSecret": {"name": f"{RELEASE}-auth"}}},
+            f"auth.jobTokenSecret.name {RELEASE}-auth is the node secret's Secret",
         ),
     ],
 )
@@ -471,6 +595,111 @@ def test_inconsistent_values_fail_with_a_clear_message(
 ) -> None:
     with pytest.raises(helm.HelmRenderError, match=message):
         render(chart, values)
+
+
+@pytest.mark.parametrize(
+    ("secret", "ok"),
+    [
+        (NODE_SECRET, True),
+        ("0123456789abcdef0123456789abcdef", True),  # `openssl rand -hex 16`: 32, 16 distinct
+        (NODE_SECRET[:31], False),
+        (f"  {NODE_SECRET[:31]}\n", False),  # dstl-server strips whitespace, so does the chart
+        ("ab" * 20, False),  # long but 2 distinct characters
+        ("0123456789a" * 3, False),  # 33 characters, 11 distinct
+        ("s3cr3t-token", False),
+    ],
+)
+def test_auth_secret_strength_is_checked_like_dstl_server(
+    chart: helm.Chart, secret: str, ok: bool
+) -> None:
+    values = {"auth": {"secret": secret}}
+    if ok:
+        secret_doc = only(render(chart, values), "Secret", f"{RELEASE}-auth")
+        assert base64.b64decode(secret_doc["data"]["secret"]).decode() == secret
+        ServerSettings(auth_secret=secret)
+        return
+    with pytest.raises(helm.HelmRenderError) as failure:
+        render(chart, values)
+    message = str(failure.value)
+    assert "dstl: auth.secret is too weak" in message
+    assert "at least 32 characters, 12 of them distinct" in message
+    assert secret.strip() not in message  # the failure does not print the secret
+    with pytest.raises(ConfigError, match="too weak"):
+        ServerSettings(auth_secret=secret)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        S3_TCP_AUTH,
+        TLS_TCP_ONLY,
+        {"auth": {"secret": NODE_SECRET}},
+        {"auth": {"secret": NODE_SECRET, "jobTokenSecret": {"name": "job1-dstl-token"}}},
+        SIDECAR,
+        {**SIDECAR, "sidecar": {"native": False}},
+    ],
+    ids=["s3-tcp-auth", "tls-tcp-only", "made-secret", "made-secret-job", "sidecar", "plain"],
+)
+def test_node_secret_never_reaches_the_executor(chart: helm.Chart, values: dict[str, Any]) -> None:
+    """Executors get their job's token only: with the node secret a job could mint any job's."""
+    docs = render(chart, values)
+    node_secret = values["auth"].get("existingSecret") or f"{RELEASE}-auth"
+    job_secret = values["auth"].get("jobTokenSecret", {}).get("name")
+    cm = only(docs, "ConfigMap", f"{RELEASE}-executor-pod-template")
+    text = cm["data"]["executor-pod-template.yaml"]
+    assert NODE_SECRET not in text
+    pod = executor_pod(docs)
+    executor = container(pod["spec"], "spark-kubernetes-executor")
+    assert secret_names(executor) == ({job_secret} if job_secret else set())
+    assert "DSTL_AUTH_SECRET" not in by_name(executor.get("env", []))
+    assert not executor.get("envFrom")
+    if values.get("mode") == "sidecar":
+        # the pod's own dstl-server needs it, and is the only container that gets it
+        dstl = [c for c in _containers(pod) if c["name"] == "dstl"]
+        assert len(dstl) == 1 and node_secret in secret_names(dstl[0])
+        others = [c for c in _containers(pod) if c["name"] != "dstl"]
+        assert all(node_secret not in secret_names(c) for c in others)
+        assert node_secret not in secret_names(pod["spec"]["volumes"])
+    else:
+        # daemonset mode: the template names no Secret of the chart at all
+        assert node_secret not in text and "DSTL_AUTH_SECRET" not in text
+        assert secret_names(pod) == ({job_secret} if job_secret else set())
+        server = container(only(docs, "DaemonSet")["spec"]["template"]["spec"], "dstl")
+        assert (
+            by_name(server["env"])["DSTL_AUTH_SECRET"]["valueFrom"]["secretKeyRef"]["name"]
+            == node_secret
+        )
+
+
+def test_notes_tell_how_to_give_a_job_its_token(chart: helm.Chart) -> None:
+    def notes(values: dict[str, Any]) -> str:
+        text: str = chart.render(values, name=RELEASE, namespace=NAMESPACE)[
+            "dstl/templates/NOTES.txt"
+        ]
+        return text
+
+    assert "token" not in notes({})  # auth off: nothing to say
+    daemonset = notes({"auth": {"secret": NODE_SECRET}})
+    assert f"exec daemonset/{RELEASE} -c dstl -- dstl-server --print-token my-job" in daemonset
+    assert "spark.kubernetes.executor.secretKeyRef.DSTL_TOKEN=my-job-dstl-token:token" in daemonset
+    assert NODE_SECRET not in daemonset
+    sidecar = notes(SIDECAR)
+    assert "dstl-server --print-token my-job" in sidecar
+    assert "reads DSTL_TOKEN from Secret job1-dstl-token (key token)" in sidecar
+    assert NODE_SECRET not in sidecar
+
+
+def test_every_server_setting_reaches_dstl_server(chart: helm.Chart) -> None:
+    """Each setting is a config key, derived from structured values, or Secret-fed."""
+    reached: set[str] = set()
+    for values in CONFIGS.values():
+        docs = render(chart, values)
+        reached |= set(only(docs, "ConfigMap", f"{RELEASE}-config")["data"])
+        for doc in docs:
+            for c in _containers(doc):
+                reached |= {v["name"] for v in c.get("env", []) if v["name"] in SETTING_ENV}
+    # the node secret arrives as DSTL_AUTH_SECRET from a Secret, never as a file path
+    assert sorted(set(SETTING_ENV) - reached) == ["DSTL_AUTH_SECRET_FILE"]
 
 
 @pytest.mark.parametrize(
@@ -486,6 +715,10 @@ def test_inconsistent_values_fail_with_a_clear_message(
         ({"tcp": {"port": 70000}}, "/tcp/port"),
         ({"metrics": {"serviceMonitor": {"interval": "soon"}}}, "interval"),
         ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"auth": {"token": "s3cr3t"}}, "/auth"),  # the shared token is gone
+        ({"auth": {"jobTokenSecret": {"name": "Job_1"}}}, "/auth/jobTokenSecret/name"),
+        ({"config": {"maxWritersPerJob": 0}}, "/config/maxWritersPerJob"),
+        ({"config": {"writerIdleTimeoutS": 0}}, "/config/writerIdleTimeoutS"),
     ],
 )
 def test_schema_rejects_bad_values(chart: helm.Chart, values: dict[str, Any], where: str) -> None:
@@ -502,15 +735,22 @@ def test_schema_accepts_the_documented_configurations(chart: helm.Chart) -> None
     assert "url" in schema["properties"]["storage"]["required"]
 
 
-def test_exec_probe_checks_a_real_server(chart: helm.Chart, tmp_path: Path) -> None:
+@pytest.mark.parametrize("auth", [False, True], ids=["open", "auth"])
+def test_exec_probe_checks_a_real_server(chart: helm.Chart, tmp_path: Path, auth: bool) -> None:
     """The exec probe of the Unix-socket-only default, run against dstl-server.
 
-    The server takes its settings from the rendered ConfigMap; only the paths
-    and ports move into the test's directory.
+    The server takes its settings from the rendered ConfigMap (and, with auth,
+    the node secret from the rendered Secret its env names); only the paths and
+    ports move into the test's directory. Health checks need no token.
     """
-    docs = render(chart, {})
+    docs = render(chart, {"auth": {"secret": NODE_SECRET}} if auth else {})
     server_c = container(only(docs, "DaemonSet")["spec"]["template"]["spec"], "dstl")
-    env = only(docs, "ConfigMap", f"{RELEASE}-config")["data"]
+    env = dict(only(docs, "ConfigMap", f"{RELEASE}-config")["data"])
+    for var in server_c.get("env", []):
+        ref = var["valueFrom"]["secretKeyRef"]
+        data = only(docs, "Secret", ref["name"])["data"][ref["key"]]
+        env[var["name"]] = base64.b64decode(data).decode()
+    assert ("DSTL_AUTH_SECRET" in env) is auth
     sock = tmp_path / "dstl.sock"
 
     def probe(kind: str) -> subprocess.CompletedProcess[str]:
@@ -528,6 +768,12 @@ def test_exec_probe_checks_a_real_server(chart: helm.Chart, tmp_path: Path) -> N
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             result = probe(kind)
             assert result.returncode == 0, result.stderr
+        if auth:  # auth is really on: calls need the job's token
+            with ChangelogClient(f"unix://{sock}") as anonymous, pytest.raises(Unauthenticated):
+                anonymous.discard_objects("job1", [])
+            token = Authenticator(NODE_SECRET).job_token("job1")
+            with ChangelogClient(f"unix://{sock}", token=token) as job1:
+                assert job1.discard_objects("job1", []) == 0
         assert server.stop() == 0
     result = probe("readinessProbe")
     assert result.returncode != 0  # nothing serving: the probe fails

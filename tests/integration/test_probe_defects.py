@@ -24,6 +24,7 @@ from dstl_client._pb import dstl_pb2 as pb
 from dstl_client._pb import dstl_pb2_grpc as pb_grpc
 from dstl_client._status import to_dstl_error
 from dstl_client.errors import (
+    Backpressure,
     CallLost,
     DstlError,
     InvalidArgument,
@@ -296,3 +297,30 @@ def test_writers_of_a_dead_client_expire(tmp_path: Path) -> None:
             w.last_appended_sqn()
         # what it had persisted stays readable
         assert [d for _, _, d in client.read_changes(h)] == [b"persisted"]
+
+
+def test_calls_parked_behind_a_missing_call_are_bounded(sidecar: Sidecar, log_id: str) -> None:
+    """Requests waiting for an earlier call hold at most max_in_flight_bytes (16 MiB here)."""
+    session = secrets.randbits(62) | 1
+    big = group(1, b"a" * (3 << 20), b"b" * (3 << 20))  # 6 MiB each
+    parked = [
+        sidecar.stub.Append.future(
+            pb.AppendRequest(log_id=log_id, changes=[big], session=session, seq=seq), timeout=20
+        )
+        for seq in (2, 3)
+    ]
+    deadline = time.monotonic() + 10
+    while sidecar.proc.scrape_metrics()["dstl_parked_bytes"] < 12 << 20:  # both parked
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    started = time.monotonic()
+    err = error_of(
+        sidecar.stub.Append,
+        pb.AppendRequest(log_id=log_id, changes=[big, big], session=session, seq=4),
+    )
+    assert isinstance(err, Backpressure) and "waiting calls already hold" in err.message
+    assert time.monotonic() - started < ORDER_TIMEOUT_S
+    for fut in parked:  # the session failed: they are refused, never applied out of order
+        with pytest.raises(grpc.RpcError) as info:
+            fut.result(timeout=20)
+        assert isinstance(to_dstl_error(info.value), WriterFailed | CallLost)

@@ -41,11 +41,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* Name of the Secret holding the bearer token; empty when auth is off. */}}
+{{/*
+Name of the Secret holding the node secret (DSTL_AUTH_SECRET, for dstl-server
+only); empty when auth is off.
+*/}}
 {{- define "dstl.authSecretName" -}}
 {{- if .Values.auth.existingSecret }}
 {{- .Values.auth.existingSecret }}
-{{- else if .Values.auth.token }}
+{{- else if .Values.auth.secret }}
 {{- printf "%s-auth" (include "dstl.fullname" .) }}
 {{- end }}
 {{- end }}
@@ -95,9 +98,25 @@ includes it, so a bad combination fails rendering with one clear message.
 {{- if not (or .Values.unixSocket.enabled .Values.tcp.enabled) }}
 {{- fail "dstl: nothing to listen on: enable unixSocket and/or tcp" }}
 {{- end }}
-{{- $secured := or (include "dstl.authSecretName" .) .Values.tls.existingSecret }}
-{{- if and .Values.tcp.enabled (not (include "dstl.tcpLoopback" .)) (not $secured) }}
-{{- fail (printf "dstl: tcp.bindAddress %s is not loopback, so TCP needs a token or TLS: set auth.existingSecret (or auth.token) or tls.existingSecret" .Values.tcp.bindAddress) }}
+{{- $auth := .Values.auth }}
+{{- if and $auth.existingSecret $auth.secret }}
+{{- fail "dstl: give the node secret once: auth.existingSecret or auth.secret, not both" }}
+{{- end }}
+{{- with $auth.secret }}
+{{- $chars := splitList "" (trim .) }}
+{{- if or (lt (len $chars) 32) (lt (len (uniq $chars)) 12) }}
+{{- fail (printf "dstl: auth.secret is too weak (%d characters, %d distinct): dstl-server needs at least 32 characters, 12 of them distinct; e.g. openssl rand -hex 32" (len $chars) (len (uniq $chars))) }}
+{{- end }}
+{{- end }}
+{{- $nodeSecret := include "dstl.authSecretName" . }}
+{{- if and $nodeSecret (eq $auth.jobTokenSecret.name $nodeSecret) }}
+{{- fail (printf "dstl: auth.jobTokenSecret.name %s is the node secret's Secret: executors get a job's own token (dstl-server --print-token JOB_ID), never the node secret" $nodeSecret) }}
+{{- end }}
+{{- if and .Values.tcp.enabled (not (include "dstl.tcpLoopback" .)) (not (and $nodeSecret .Values.tls.existingSecret)) }}
+{{- $missing := list }}
+{{- if not .Values.tls.existingSecret }}{{ $missing = append $missing "tls.existingSecret" }}{{ end }}
+{{- if not $nodeSecret }}{{ $missing = append $missing "auth.existingSecret (or auth.secret)" }}{{ end }}
+{{- fail (printf "dstl: tcp.bindAddress %s is not loopback, so TCP needs both TLS and auth: set tls.existingSecret and auth.existingSecret (or auth.secret); missing: %s" .Values.tcp.bindAddress (join ", " $missing)) }}
 {{- end }}
 {{- if and .Values.tls.existingSecret (include "dstl.tcpLoopback" .) (not .Values.unixSocket.enabled) }}
 {{- fail "dstl: a TLS listener on loopback cannot be probed: enable unixSocket" }}
@@ -121,15 +140,14 @@ includes it, so a bad combination fails rendering with one clear message.
 {{- end }}
 
 {{/*
-Readiness and liveness probes. A kubelet gRPC probe (grpc.health.v1) when TCP
-serves the pod IP in clear text; kubelet gRPC probes speak neither TLS nor Unix
-sockets, so otherwise an exec probe runs the same health check with the image's
-Python over the Unix socket (or the loopback TCP listener). A TLS-only
-listener gets a TCP connect probe.
+Readiness and liveness probes. Kubelet gRPC probes speak neither TLS nor Unix
+sockets, and TCP on the pod IP always has TLS (dstl.validate), so an exec probe
+runs the grpc.health.v1 check with the image's Python over the Unix socket (or
+the loopback TCP listener in clear text). A TLS-only listener gets a TCP
+connect probe.
 */}}
 {{- define "dstl.probeTarget" -}}
-{{- if and .Values.tcp.enabled (not (include "dstl.tcpLoopback" .)) (not .Values.tls.existingSecret) }}grpc
-{{- else if .Values.unixSocket.enabled }}unix://{{ include "dstl.socketPath" . }}
+{{- if .Values.unixSocket.enabled }}unix://{{ include "dstl.socketPath" . }}
 {{- else if not .Values.tls.existingSecret }}{{ include "dstl.listen" . }}
 {{- else }}tcpSocket
 {{- end }}
@@ -138,11 +156,7 @@ listener gets a TCP connect probe.
 {{- define "dstl.probe" -}}
 {{- $root := .root }}
 {{- $target := include "dstl.probeTarget" $root }}
-{{- if eq $target "grpc" }}
-grpc:
-  port: {{ $root.Values.tcp.port }}
-  service: {{ .service | quote }}
-{{- else if eq $target "tcpSocket" }}
+{{- if eq $target "tcpSocket" }}
 tcpSocket:
   port: grpc
 {{- else }}
@@ -171,6 +185,8 @@ DSTL_UNIX_SOCKET: {{ ternary (include "dstl.socketPath" .) "" .Values.unixSocket
 DSTL_STORAGE: {{ .Values.storage.url | quote }}
 DSTL_METRICS_PORT: {{ ternary (int .Values.metrics.port) -1 .Values.metrics.enabled | quote }}
 DSTL_METRICS_HOST: "0.0.0.0"
+{{- /* a non-loopback metrics address needs this; /metrics holds no data and no secrets */}}
+DSTL_METRICS_PUBLIC: "true"
 DSTL_S3_ENDPOINT_URL: {{ .Values.s3.endpointUrl | quote }}
 DSTL_S3_REGION: {{ .Values.s3.region | quote }}
 DSTL_S3_VERIFY_TLS: {{ .Values.s3.verifyTls | quote }}
@@ -221,7 +237,7 @@ envFrom:
 {{- if or $authSecret $v.extraEnv }}
 env:
   {{- if $authSecret }}
-  - name: DSTL_AUTH_TOKEN
+  - name: DSTL_AUTH_SECRET
     valueFrom:
       secretKeyRef:
         name: {{ $authSecret }}
@@ -354,11 +370,12 @@ under initContainers; otherwise under containers. Takes the chart context:
 {{- end }}
 
 {{/*
-What the executor container needs to reach dstl-server: DSTL_ADDRESS (and
-DSTL_TOKEN when auth is on), read by dstl_client.
+What the executor container needs to reach dstl-server: DSTL_ADDRESS, and
+DSTL_TOKEN (the job's own token, from auth.jobTokenSecret) when set; both read
+by dstl_client. Never the node secret: with it a job could mint any job's token.
 */}}
 {{- define "dstl.executorEnv" -}}
-{{- $authSecret := include "dstl.authSecretName" . }}
+{{- $jobToken := .Values.auth.jobTokenSecret }}
 {{- if and (eq .Values.mode "daemonset") .Values.tcp.hostPort (not .Values.unixSocket.enabled) }}
 - name: DSTL_NODE_IP
   valueFrom:
@@ -373,20 +390,21 @@ DSTL_TOKEN when auth is on), read by dstl_client.
 - name: DSTL_ADDRESS
   value: {{ printf "127.0.0.1:%d" (int .Values.tcp.port) | quote }}
 {{- end }}
-{{- if $authSecret }}
+{{- if $jobToken.name }}
 - name: DSTL_TOKEN
   valueFrom:
     secretKeyRef:
-      name: {{ $authSecret }}
-      key: {{ .Values.auth.secretKey }}
+      name: {{ $jobToken.name }}
+      key: {{ $jobToken.key }}
 {{- end }}
 {{- end }}
 
 {{/*
 The Spark executor pod template (spark.kubernetes.executor.podTemplateFile).
 Spark fills in the executor container's image, command and resources; this
-adds what reaches dstl-server: the socket volume, DSTL_ADDRESS/DSTL_TOKEN,
-the socket's group and, in sidecar mode, dstl-server itself.
+adds what reaches dstl-server: the socket volume, DSTL_ADDRESS/DSTL_TOKEN
+(the job's token), the socket's group and, in sidecar mode, dstl-server
+itself (the only container here that gets the node secret).
 */}}
 {{- define "dstl.executorPodTemplate" -}}
 {{- $sidecar := eq .Values.mode "sidecar" }}
