@@ -17,6 +17,7 @@ from prometheus_client import start_http_server
 from dstl_client._pb import dstl_pb2
 from dstl_server.auth import Authenticator, TokenAuthInterceptor
 from dstl_server.hedging import make_uploader
+from dstl_server.housekeeping import StoreHousekeeping
 from dstl_server.metrics import ServerMetrics
 from dstl_server.registry import LogRegistry
 from dstl_server.service import ChangelogService, register
@@ -64,6 +65,14 @@ class DstlServer:
         )
         self._sweeper: asyncio.Task[None] | None = None
         self.health = health.aio.HealthServicer()
+        # The Changelog service's health (readiness) follows the store; temp files
+        # of interrupted writes are removed at start and by a periodic sweep.
+        self.housekeeping = StoreHousekeeping(
+            self.store,
+            on_health=self._set_health,
+            metrics=self.metrics,
+            leftover_age_s=2 * max(settings.upload_deadline_s, settings.upload_timeout_s),
+        )
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -117,6 +126,10 @@ class DstlServer:
                 server.add_insecure_port(f"unix://{path}")
             except RuntimeError as exc:
                 raise OSError(f"cannot listen on unix socket {path}") from exc
+        # Before the first call can arrive: one probe sets the Changelog service's
+        # health (readiness) from the store, and the start sweep removes the temp
+        # files of writes an earlier process left (no write of ours runs yet).
+        await self.housekeeping.start()
         await server.start()
         if s.unix_socket:
             os.chmod(s.unix_socket, 0o660)
@@ -127,6 +140,7 @@ class DstlServer:
                     s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry
                 )
             except OSError as exc:
+                await self.housekeeping.stop()
                 await server.stop(None)
                 raise OSError(
                     f"cannot serve metrics on {s.metrics_host}:{s.metrics_port}: {exc.strerror}"
@@ -135,7 +149,6 @@ class DstlServer:
             self.metrics_port = httpd.server_address[1]
         self._sweeper = asyncio.get_running_loop().create_task(self._expire_idle_writers())
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         log.warning(
             "dstl-server serving on %s%s, storage %s, metrics port %s",
             f"{s.listen.rpartition(':')[0]}:{self.port}" if self.port else "",
@@ -143,6 +156,12 @@ class DstlServer:
             self.store.url,
             self.metrics_port,
         )
+
+    async def _set_health(self, store_up: bool) -> None:
+        """Readiness follows the store; liveness ("") does not (a restart would not help)."""
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        await self.health.set(SERVICE_NAME, serving if store_up else not_serving)
 
     async def _expire_idle_writers(self) -> None:
         """Close writers whose client stopped calling (one task, the server's loop)."""
@@ -165,6 +184,7 @@ class DstlServer:
         if self._sweeper is not None:
             self._sweeper.cancel()
         await self.health.enter_graceful_shutdown()
+        await self.housekeeping.stop()
         grace = self.settings.shutdown_grace_s
         deadline = loop_time() + grace
         # New Changelog calls get ShuttingDown; running ones (persists waiting

@@ -142,6 +142,39 @@ class ServerMetrics:
         self.backpressure_waits = Counter(
             "dstl_backpressure_waits", "Appends that had to wait for memory", registry=r
         )
+        self.writer_quota_refusals = Counter(
+            "dstl_writer_quota_refusals",
+            "CreateWriter calls refused by a writer quota (scope: node or job)",
+            ["scope"],
+            registry=r,
+        )
+        self.writers_expired = Counter(
+            "dstl_writers_expired",
+            "Writers closed after writer_idle_timeout_s without a call",
+            registry=r,
+        )
+        self.auth_refusals = Counter(
+            "dstl_auth_refusals",
+            "Calls refused by authentication (unauthenticated) or job isolation "
+            "(permission_denied)",
+            ["reason"],
+            registry=r,
+        )
+        self.persists_abandoned = Counter(
+            "dstl_persists_abandoned",
+            "Persist calls cut off because shutdown ran out of grace before their upload ended",
+            registry=r,
+        )
+        self.parked_bytes = Gauge(
+            "dstl_parked_bytes",
+            "Bytes of change-carrying calls waiting for an earlier call of their writer",
+            registry=r,
+        )
+        self.sessions_failed = Counter(
+            "dstl_sessions_failed",
+            "Writer sessions failed because a call carrying changes was refused",
+            registry=r,
+        )
         self.reads = Counter("dstl_read_requests", "ReadChanges calls", registry=r)
         self.read_bytes = Counter("dstl_read_bytes", "Bytes of objects read", registry=r)
         self.discarded_objects = Counter(
@@ -154,5 +187,18 @@ class ServerMetrics:
             "dstl_storage_failures",
             "Failed store operations, by operation and kind",
             ["op", "kind"],
+            registry=r,
+        )
+        self.store_up = Gauge(
+            "dstl_store_up",
+            "1 while the blob store answers probes, 0 while it does not (health NOT_SERVING)",
+            registry=r,
+        )
+        self.store_probe_failures = Counter(
+            "dstl_store_probe_failures", "Store probes that failed or timed out", registry=r
+        )
+        self.leftover_temp_files_removed = Counter(
+            "dstl_leftover_temp_files_removed",
+            "Temp files of interrupted writes removed from the store (at start and by sweeps)",
             registry=r,
         )

@@ -17,6 +17,18 @@ Contract (checked by ``tests/dstl_server/storage/contract.py`` for every store):
   :class:`~dstl_client.errors.InvalidArgument` from ``put``, ``get`` and ``delete``.
 * Errors are :class:`StorageError` subclasses; ``retryable`` says whether the
   same call may succeed when tried again.
+* ``probe`` returns when the store answers (a cheap round trip that also
+  proves writes can work where the store can tell) and raises a
+  :class:`StorageError` when it does not; it never creates, changes or
+  removes an object (whatever it writes is never listed).
+* ``sweep_leftovers(older_than_s)`` removes what interrupted writes left
+  behind (temp files of a ``put`` whose process died) that is older than
+  ``older_than_s`` seconds, and returns how many it removed. Objects are
+  never touched. With an age bound at least the upload deadline, a write in
+  progress is never touched either; ``0`` removes every leftover, for use
+  when the store is opened (the sidecar owns its store, so at start every
+  leftover belongs to an earlier process). Stores whose writes leave nothing
+  behind return 0.
 
 Stores are used from the sidecar's event loop; implementations must not block
 it (file I/O goes to threads).
@@ -58,6 +70,20 @@ class BlobStore(abc.ABC):
     @abc.abstractmethod
     def list(self, prefix: str = "") -> AsyncIterator[BlobInfo]:
         """Yield the objects whose key starts with ``prefix``, in key order."""
+
+    async def probe(self) -> None:  # noqa: B027 - optional hook
+        """Return when the store answers; raise :class:`StorageError` when it does not.
+
+        The default suits stores that cannot be unreachable (in-memory fakes).
+        """
+
+    async def sweep_leftovers(self, older_than_s: float) -> int:
+        """Remove leftovers of interrupted writes older than ``older_than_s`` seconds.
+
+        Returns how many were removed. The default suits stores whose writes
+        are atomic on the server and leave nothing behind.
+        """
+        return 0
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import logging
 import os
+import stat
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -13,7 +16,12 @@ from pathlib import Path
 from dstl_client.errors import BlobNotFound, StorageError
 from dstl_server.storage.base import BlobInfo, BlobStore, validate_key
 
+#: every file the store writes is first named ``.<name>.<random><_TMP_SUFFIX>``
 _TMP_SUFFIX = ".tmp-dstl"
+#: name start of the files :meth:`LocalBlobStore.probe` writes (temp files too)
+_PROBE_PREFIX = ".dstl-probe."
+
+log = logging.getLogger(__name__)
 
 
 class LocalBlobStore(BlobStore):
@@ -21,8 +29,14 @@ class LocalBlobStore(BlobStore):
 
     Invariants: a ``put`` writes a temp file in the target directory, fsyncs
     it, renames it over the key and fsyncs the directory, so a crash leaves
-    either the old state or the complete new object. Temp files are never
-    listed. All file I/O runs in the default thread pool; any task may call.
+    either the old state or the complete new object (plus, after a crash, the
+    temp file). Temp files (names ending in ``.tmp-dstl``) are never listed or
+    read as objects; :meth:`sweep_leftovers` removes those of interrupted
+    writes. :meth:`probe` writes and removes a small temp-named file in the
+    root, so it proves writes work (``os.access`` is always true for root) and
+    a probe cut short leaves only a leftover for the sweep. The store owns its
+    root: no other process writes temp files there. All file I/O runs in the
+    default thread pool; any task may call.
     """
 
     def __init__(self, root: str | Path, *, fsync: bool = True) -> None:
@@ -71,8 +85,12 @@ class LocalBlobStore(BlobStore):
     def _get(path: Path, offset: int, length: int | None) -> bytes:
         try:
             with open(path, "rb") as f:
+                # Never allocate by the caller's number: at most what the file holds.
+                size = os.fstat(f.fileno()).st_size
+                if offset >= size:
+                    return b""
                 f.seek(offset)
-                return f.read() if length is None else f.read(length)
+                return f.read(size - offset if length is None else min(length, size - offset))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
             # a directory is a key prefix, not an object (as on S3)
             raise BlobNotFound(f"no object {path.name} at {path.parent}") from exc
@@ -95,6 +113,68 @@ class LocalBlobStore(BlobStore):
             except OSError as exc:
                 raise StorageError(f"delete {p}: {exc}", retryable=True) from exc
         return n
+
+    async def probe(self) -> None:
+        """Create the root if needed, write and remove a small file in it."""
+        await asyncio.to_thread(self._probe)
+
+    def _probe(self) -> None:
+        tmp = self.root / f"{_PROBE_PREFIX}{uuid.uuid4().hex[:8]}{_TMP_SUFFIX}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, b"dstl probe\n")
+            finally:
+                os.close(fd)
+            os.unlink(tmp)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise StorageError(
+                f"store {self.url} does not answer: cannot write in {self.root}: {exc}",
+                retryable=True,
+            ) from exc
+
+    async def sweep_leftovers(self, older_than_s: float) -> int:
+        """Remove temp files under the root last modified more than ``older_than_s`` ago.
+
+        ``older_than_s <= 0`` removes every temp file (at open: all belong to
+        an earlier process). Symlinks are not followed; files that cannot be
+        removed are logged (one line) and skipped.
+        """
+        return await asyncio.to_thread(self._sweep, older_than_s)
+
+    def _sweep(self, older_than_s: float) -> int:
+        cutoff = time.time() - older_than_s
+        removed = 0
+        failed: builtins.list[str] = []
+        # os.walk ignores unreadable directories and a missing root
+        for dirpath, _dirs, files in os.walk(self.root):
+            for name in files:
+                if not name.endswith(_TMP_SUFFIX):
+                    continue
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(path)
+                    if stat.S_ISDIR(st.st_mode):
+                        continue
+                    if older_than_s > 0 and st.st_mtime > cutoff:
+                        continue  # maybe a write in progress
+                    os.unlink(path)
+                    removed += 1
+                except FileNotFoundError:
+                    continue  # finished (renamed) or removed meanwhile
+                except OSError as exc:
+                    failed.append(f"{path}: {exc.strerror or exc}")
+        if failed:
+            log.warning(
+                "could not remove %d leftover temp file(s) under %s: %s",
+                len(failed),
+                self.root,
+                "; ".join(failed[:3]),
+            )
+        return removed
 
     async def list(self, prefix: str = "") -> AsyncIterator[BlobInfo]:
         for info in await asyncio.to_thread(self._list, prefix):

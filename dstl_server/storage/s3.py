@@ -16,6 +16,12 @@ Invariants:
   :class:`~dstl_client.errors.TransientStorageError` (retryable); a missing
   object :class:`~dstl_client.errors.BlobNotFound`; credentials, permissions,
   a missing bucket and other 4xx a non-retryable ``StorageError``.
+* ``probe`` is one ListObjectsV2 of at most one key under the prefix, bounded
+  by ``probe_timeout_s`` (it needs only the ListBucket permission the
+  sidecar's cleanup needs anyway, and it also works for a policy limited to
+  the prefix). ``sweep_leftovers`` has nothing to do: a PutObject is atomic
+  on the server, an interrupted one leaves no object and no temp data behind
+  (no multipart uploads are used).
 * Credentials come from the standard AWS chain (``AWS_ACCESS_KEY_ID``/
   ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, web identity, instance
   metadata...), resolved when the client is created.
@@ -164,9 +170,11 @@ class S3BlobStore(BlobStore):
         aws_secret_access_key: str | None = None,
         aws_session_token: str | None = None,
         list_page_size: int = 1000,
+        probe_timeout_s: float = 5.0,
     ) -> None:
         """``verify``: ``True`` (system CAs), ``False`` (no TLS verification) or
-        the path of a PEM CA bundle. Explicit keys override the AWS chain."""
+        the path of a PEM CA bundle. Explicit keys override the AWS chain.
+        ``probe_timeout_s`` bounds one :meth:`probe`."""
         if not bucket:
             raise ConfigError("S3 storage needs a bucket: s3://bucket/prefix")
         prefix = prefix.strip("/")
@@ -177,6 +185,9 @@ class S3BlobStore(BlobStore):
                 raise ConfigError(f"bad S3 key prefix {prefix!r}: {exc.message}") from None
         if max_connections <= 0 or not 0 < list_page_size <= 1000:
             raise ConfigError("max_connections must be > 0 and list_page_size in 1..1000")
+        if not probe_timeout_s > 0:
+            raise ConfigError(f"probe_timeout_s must be > 0, got {probe_timeout_s}")
+        self.probe_timeout_s = probe_timeout_s
         self.bucket = bucket
         self.prefix = prefix
         self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
@@ -231,6 +242,7 @@ class S3BlobStore(BlobStore):
                 "verify": verify,
                 "max_connections": settings.s3_max_connections,
                 "read_timeout_s": max(settings.upload_timeout_s, 5.0),
+                "probe_timeout_s": min(settings.upload_timeout_s, 5.0),
             }
         # netloc keeps the bucket's case; S3 bucket names are lower case anyway
         return cls(parsed.netloc, parsed.path, **opts)
@@ -370,6 +382,34 @@ class S3BlobStore(BlobStore):
                     yield BlobInfo(obj["Key"][strip:], int(obj["Size"]))
         except Exception as exc:
             raise map_s3_error(exc, f"list s3://{self.bucket}/{full_prefix}") from exc
+
+    async def probe(self) -> None:
+        """List at most one key under the prefix within ``probe_timeout_s``.
+
+        A timeout or connection failure raises
+        :class:`~dstl_client.errors.TransientStorageError`; a missing bucket,
+        bad credentials or a denied listing a non-retryable ``StorageError``.
+        """
+        where = f"s3://{self.bucket}/{self.prefix + '/' if self.prefix else ''}"
+        what = f"probe {where} at {self.endpoint_url or 'AWS S3'}"
+        client = await self._get_client()
+        try:
+            async with asyncio.timeout(self.probe_timeout_s):
+                await client.list_objects_v2(
+                    Bucket=self.bucket,
+                    Prefix=f"{self.prefix}/" if self.prefix else "",
+                    MaxKeys=1,
+                )
+        except TimeoutError as exc:
+            raise TransientStorageError(
+                f"{what}: timed out after {self.probe_timeout_s:g}s"
+            ) from exc
+        except Exception as exc:
+            raise map_s3_error(exc, what) from exc
+
+    async def sweep_leftovers(self, older_than_s: float) -> int:
+        """Nothing to sweep: PutObject is atomic, an interrupted one leaves nothing."""
+        return 0
 
     async def close(self) -> None:
         """Close the connection pool (idempotent); the store is unusable after."""

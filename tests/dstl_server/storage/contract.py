@@ -34,7 +34,8 @@ async def _listed(store: BlobStore, prefix: str) -> list[BlobInfo]:
 
 
 class BlobStoreContract:
-    """Behaviour of ``put``/``get``/``delete``/``list`` from ``storage/base.py``."""
+    """Behaviour of ``put``/``get``/``delete``/``list``/``probe``/``sweep_leftovers``
+    from ``storage/base.py``."""
 
     #: stores that can tell how many keys existed return exactly that from ``delete``
     delete_counts_existing: bool = True
@@ -86,6 +87,14 @@ class BlobStoreContract:
         # a range starting at or past the end returns nothing
         assert await store.get(key, 10, 5) == b""
         assert await store.get(key, 50, 5) == b""
+
+    async def test_huge_ranges_cost_only_what_exists(self, store: BlobStore, prefix: str) -> None:
+        """A caller's huge length never sizes an allocation: the answer is what exists."""
+        key = prefix + "tiny"
+        await store.put(key, b"abc")
+        assert await store.get(key, 1, 1 << 40) == b"bc"
+        assert await store.get(key, 0, 1 << 34) == b"abc"
+        assert await store.get(key, 1 << 40, 1 << 34) == b""
 
     async def test_get_missing_key(self, store: BlobStore, prefix: str) -> None:
         with pytest.raises(BlobNotFound):
@@ -223,6 +232,41 @@ class BlobStoreContract:
             await store.get(key)
         with pytest.raises(InvalidArgument):
             await store.delete([key])
+
+    # --------------------------------------------------------- housekeeping
+    async def test_probe_answers_and_leaves_no_object(self, store: BlobStore, prefix: str) -> None:
+        await store.put(prefix + "k", b"v")
+        before = await _listed(store, "")
+        await store.probe()
+        await asyncio.gather(*(store.probe() for _ in range(4)))
+        # whatever a probe writes (if anything) is never listed as an object
+        assert await _listed(store, "") == before
+        assert await store.get(prefix + "k") == b"v"
+
+    async def test_sweep_leftovers_never_touches_objects(
+        self, store: BlobStore, prefix: str
+    ) -> None:
+        keys = [prefix + "a", prefix + "b/c", prefix + "b/d.tmp"]
+        for k in keys:
+            await store.put(k, b"kept " + k.encode())
+        # age 0: every leftover of an earlier process, and still no object
+        assert await store.sweep_leftovers(0.0) == 0
+        assert await store.sweep_leftovers(3600.0) == 0
+        assert [i.key for i in await _listed(store, prefix)] == sorted(keys)
+        for k in keys:
+            assert await store.get(k) == b"kept " + k.encode()
+
+    async def test_sweep_leftovers_during_puts(self, store: BlobStore, prefix: str) -> None:
+        """A sweep with an age bound never breaks a write in progress."""
+        payloads = {f"{prefix}{i % 3}/obj-{i:02d}": os.urandom(50_000 + i) for i in range(24)}
+
+        async def sweep_many() -> None:
+            for _ in range(10):
+                assert await store.sweep_leftovers(60.0) == 0
+                await asyncio.sleep(0)
+
+        await asyncio.gather(sweep_many(), *(store.put(k, v) for k, v in payloads.items()))
+        assert [i.key for i in await _listed(store, prefix)] == sorted(payloads)
 
     # ---------------------------------------------------------- concurrency
     async def test_concurrent_puts(self, store: BlobStore, prefix: str) -> None:

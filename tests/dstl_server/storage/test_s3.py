@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -220,7 +222,12 @@ async def test_stopped_server_is_transient_and_recovers_nothing_left(tmp_path: P
         async with store_for(s3, "p", connect_timeout_s=2.0) as store:
             await store.put("k", b"before")  # a pooled keep-alive connection now exists
             s3.stop()
-            for op in (store.put("k2", b"after"), store.get("k"), store.delete(["k"])):
+            for op in (
+                store.put("k2", b"after"),
+                store.get("k"),
+                store.delete(["k"]),
+                store.probe(),
+            ):
                 with pytest.raises(TransientStorageError) as info:
                     await op
                 assert info.value.retryable
@@ -229,6 +236,96 @@ async def test_stopped_server_is_transient_and_recovers_nothing_left(tmp_path: P
     assert not data_dir.exists()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+# ------------------------------------------------------------------- probe
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_probe_answers_on_an_empty_prefix_and_a_bare_bucket(
+    weed_s3: SeaweedS3, s3_prefix: str
+) -> None:
+    for prefix in (s3_prefix, ""):
+        async with store_for(weed_s3, prefix) as store:
+            await store.probe()
+            assert await store.sweep_leftovers(0.0) == 0
+
+
+async def test_probe_of_a_missing_bucket_is_not_retryable(weed_s3: SeaweedS3) -> None:
+    store = store_for(weed_s3, "p")
+    store.bucket = f"no-such-{uuid.uuid4().hex[:8]}"
+    async with store:
+        with pytest.raises(StorageError) as info:
+            await store.probe()
+    assert type(info.value) is StorageError and not info.value.retryable
+    assert "NoSuchBucket" in info.value.message and store.bucket in info.value.message
+
+
+async def test_probe_with_a_wrong_secret_fails(weed_s3: SeaweedS3, s3_prefix: str) -> None:
+    async with store_for(weed_s3, s3_prefix, aws_secret_access_key="not-the-secret") as store:
+        with pytest.raises(StorageError) as info:
+            await store.probe()
+    assert "SignatureDoesNotMatch" in info.value.message
+
+
+async def test_probe_where_nothing_listens_is_transient() -> None:
+    port = _free_port()
+    store = S3BlobStore(
+        "bucket",
+        "p",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+        region="us-east-1",
+    )
+    async with store:
+        with pytest.raises(TransientStorageError) as info:
+            await store.probe()
+    assert f"127.0.0.1:{port}" in info.value.message
+
+
+async def test_probe_of_a_silent_endpoint_times_out() -> None:
+    """A server that accepts and never answers: the probe gives up after its own timeout,
+    well before the (long) read timeout of uploads."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # until the client gives up
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        store = S3BlobStore(
+            "bucket",
+            "p",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            aws_access_key_id="k",
+            aws_secret_access_key="s",
+            region="us-east-1",
+            read_timeout_s=60.0,
+            probe_timeout_s=0.3,
+        )
+        async with store:
+            started = time.monotonic()
+            with pytest.raises(TransientStorageError, match="timed out"):
+                await store.probe()
+            assert time.monotonic() - started < 5
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_probe_timeout_comes_from_the_settings() -> None:
+    settings = ServerSettings(storage="s3://bucket/p", upload_timeout_s=2.0)
+    store = S3BlobStore.from_url(settings.storage, settings)
+    assert store.probe_timeout_s == 2.0
+    longer = settings.replace(upload_timeout_s=60)
+    assert S3BlobStore.from_url("s3://bucket/p", longer).probe_timeout_s == 5.0
+    with pytest.raises(ConfigError):
+        S3BlobStore("bucket", probe_timeout_s=0)
 
 
 def _client_error(status: int, code: str) -> ClientError:
