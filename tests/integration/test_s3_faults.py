@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from dstl_client import ChangelogClient, ChangelogHandle, ChangelogWriter
-from dstl_client.errors import Backpressure, DstlError, UploadFailed
+from dstl_client.errors import Backpressure, DstlError, UploadFailed, WriterFailed
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3
 from loadtest.s3fault import FaultProxyProcess
@@ -200,7 +200,7 @@ def test_store_down_fails_within_deadline_bounds_memory_and_recovers(
     )  # fmt: skip
     with (
         sidecar(tmp_path, weed_s3, proxy, s3_prefix, *args) as proc,
-        ChangelogClient(proc.address, batch_bytes=64 * MiB) as client,
+        ChangelogClient(proc.address, batch_bytes=32 * MiB) as client,
     ):
         w = client.create_writer(job_id="down", operator_id="op", key_group_range=KG_RANGE)
         accepted: list[tuple[int, bytes]] = []
@@ -233,16 +233,27 @@ def test_store_down_fails_within_deadline_bounds_memory_and_recovers(
             w.persist_durably(after=0).result(timeout=30)
         assert time.monotonic() - t0 < 3.5
 
-        # 3. Keep appending while it is down: backpressure, not unbounded memory.
+        # 3. Keep appending while it is down: backpressure, not unbounded memory. A
+        #    refused send fails its writer for good (WriterFailed), so the flood goes
+        #    through fresh writers; the failed ones keep holding what they sent.
         rng = random.Random(5)
+        flood = [client.create_writer(job_id="down", operator_id="flood", key_group_range=KG_RANGE)]
 
         def offer(n: int) -> int:
             pushed_back = 0
             for i in range(n):
                 try:
-                    append(i % 16, rng.randbytes(MiB // 2))
+                    flood[-1].append(i % 16, rng.randbytes(MiB // 2))
+                    flood[-1].flush()
                 except Backpressure:
                     pushed_back += 1
+                    with pytest.raises(WriterFailed):  # sticky: never a silent gap
+                        flood[-1].flush()
+                    flood.append(
+                        client.create_writer(
+                            job_id="down", operator_id="flood", key_group_range=KG_RANGE
+                        )
+                    )
             return pushed_back
 
         assert offer(24) >= 4  # 12 MiB offered against an 8 MiB limit
@@ -264,6 +275,8 @@ def test_store_down_fails_within_deadline_bounds_memory_and_recovers(
         got = sorted((kg, data) for kg, _sqn, data in client.read_changes(handle))
         assert got == sorted(accepted)
         w.close()
+        for f in flood:
+            f.close()
         t0 = time.monotonic()
         assert proc.stop() == 0
         print(f"clean stop took {time.monotonic() - t0:.1f}s")

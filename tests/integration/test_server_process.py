@@ -14,6 +14,7 @@ from dstl_client import ChangelogClient, ChangelogHandle
 from dstl_client.errors import BlobNotFound, CorruptObject, LogNotFound
 from dstl_client.format import parse_object, verify_object
 from dstl_server.app import DstlServer
+from dstl_server.log import PART_OVERHEAD_BYTES
 from dstl_server.testing import ServerProcess
 from tests.integration._helpers import object_files, object_path, read_all
 
@@ -113,8 +114,8 @@ async def test_lifecycle_memory_in_process(server: DstlServer) -> None:
     assert wl.truncated_before == t2
     assert wl.uploaded and all(sqn >= t2 for sqn in wl.uploaded)
     assert not wl.not_uploaded and not wl.uploading
-    # Uploaded data left memory; only "d" (and its 4-byte size) is held.
-    assert wl.pending_bytes == registry.budget.used == 1004
+    # Uploaded data left memory; only "d" (its 4-byte size and one part's overhead) is held.
+    assert wl.pending_bytes == registry.budget.used == 1004 + PART_OVERHEAD_BYTES
     stored = {b.key async for b in server.store.list(f"{JOB}/")}
     assert set(cp2.object_keys) <= stored  # truncate deleted nothing
 
