@@ -12,15 +12,31 @@ _LITTLE = sys.byteorder == "little"
 if array("I").itemsize != 4:  # pragma: no cover - every platform we run on
     raise ImportError("dstl_client needs a 4-byte unsigned int array type")
 
+#: upper bound of the protobuf framing of one ``KeyGroupChanges`` in a request,
+#: beyond its sizes and payload bytes: five tags and five length/varint fields
+PART_FRAMING_BYTES = 32
+
 
 class ChangeBuffer:
     """Changes appended since the last send, packed per key group.
 
     Appending costs two C-level appends per change; ``drain`` builds the
-    request messages. Not thread-safe: the owning writer holds its lock.
+    request messages. ``nbytes`` counts the changes and their 4-byte sizes,
+    ``framing`` an upper bound of the protobuf framing around them, so
+    ``nbytes + framing`` bounds the encoded size of the drained messages.
+    Not thread-safe: the owning writer holds its lock.
     """
 
-    __slots__ = ("_first", "_last", "_max_change", "_payload", "_sizes", "count", "nbytes")
+    __slots__ = (
+        "_first",
+        "_last",
+        "_max_change",
+        "_payload",
+        "_sizes",
+        "count",
+        "framing",
+        "nbytes",
+    )
 
     def __init__(self, key_group_range: tuple[int, int], max_change_bytes: int) -> None:
         self._first, self._last = key_group_range
@@ -28,6 +44,7 @@ class ChangeBuffer:
         self._sizes: dict[int, array[int]] = {}
         self._payload: dict[int, bytearray] = {}
         self.nbytes = 0
+        self.framing = 0
         self.count = 0
 
     def check(self, key_group: int, size: int) -> None:
@@ -46,6 +63,7 @@ class ChangeBuffer:
         if sizes is None:
             sizes = self._sizes[key_group] = array("I")
             self._payload[key_group] = bytearray()
+            self.framing += PART_FRAMING_BYTES
         sizes.append(len(data))
         self._payload[key_group] += data
         self.nbytes += len(data) + 4
@@ -69,5 +87,6 @@ class ChangeBuffer:
         self._sizes.clear()
         self._payload.clear()
         self.nbytes = 0
+        self.framing = 0
         self.count = 0
         return out

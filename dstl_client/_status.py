@@ -13,6 +13,8 @@ ERROR_KIND_KEY = "dstl-error-kind"
 _BY_CODE: dict[grpc.StatusCode, str] = {
     grpc.StatusCode.UNAVAILABLE: "unavailable",
     grpc.StatusCode.DEADLINE_EXCEEDED: "unavailable",
+    # the call was cancelled (channel closed, connection torn down): the outcome is unknown
+    grpc.StatusCode.CANCELLED: "unavailable",
     grpc.StatusCode.UNAUTHENTICATED: "permission_denied",
     grpc.StatusCode.PERMISSION_DENIED: "permission_denied",
     grpc.StatusCode.INVALID_ARGUMENT: "invalid_argument",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dstl_client.client import ChangelogWriter
-from dstl_client.errors import KeyGroupOutOfRange
+from dstl_client.errors import DstlError, KeyGroupOutOfRange, WriterFailed
 from dstl_client.keygroups import KeyGroupRange, key_bytes, key_group_of_bytes
 from dstl_client.state.changes import (
     OP_DELETE,
@@ -229,13 +229,38 @@ class ChangelogStateBackend(KeyedStateBackend):
         self.writer = writer
         self._log: list[tuple[int, bytes]] = []
         self.logged_bytes = 0
+        self._hand_over_failed: DstlError | None = None
 
     def _append(self, change: bytes) -> None:
         self._log.append((self.current_kg, change))
         self.logged_bytes += len(change)
         if len(self._log) >= _LOG_BATCH:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Give the buffered changes to the writer; a failure is final.
+
+        The changes are applied locally already. If the writer did not take
+        them all (bad input part-way, a failed send), this task's log can no
+        longer match its state: every later hand-over raises
+        :class:`~dstl_client.errors.WriterFailed`, even if the caller caught
+        the first error, so the task fails and is retried from the last
+        checkpoint.
+        """
+        if self._hand_over_failed is not None:
+            raise WriterFailed(
+                f"changes of this task could not all be logged ({self._hand_over_failed}); "
+                "the task must be retried from the last checkpoint",
+                cause=self._hand_over_failed,
+            )
+        try:
             self.writer.append_many(self._log)
-            self._log = []
+        except BaseException as exc:
+            self._hand_over_failed = (
+                exc if isinstance(exc, DstlError) else DstlError(f"{type(exc).__name__}: {exc}")
+            )
+            raise
+        self._log = []
 
     def put(self, k: bytes, v: bytes) -> None:
         super().put(k, v)
@@ -267,6 +292,5 @@ class ChangelogStateBackend(KeyedStateBackend):
 
     def flush_log(self) -> None:
         """Hand buffered changes to the writer (they are not durable yet)."""
-        if self._log:
-            self.writer.append_many(self._log)
-            self._log = []
+        if self._log or self._hand_over_failed is not None:
+            self._hand_over()

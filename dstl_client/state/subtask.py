@@ -25,6 +25,13 @@ A retried attempt of the same batch finds the pending batch of the failed
 attempt (other attempt id) and drops it: changes are never applied twice,
 and its changelog handle starts at its own SQN, so the failed attempt's
 changes are in no checkpoint either.
+
+An attempt whose changelog writer fails (a send of changes failed, see
+:class:`~dstl_client.client.ChangelogWriter`; or any DSTL error, whose
+outcome may be unknown) fails with that error, so the engine retries the
+task; on its way out it abandons the writer's log (the store forgets the log
+id, the sidecar closes it). The retried attempt brings the store to the last
+committed checkpoint and starts a new log, as after a sidecar restart.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sqlite3
 import threading
 import time
 import uuid
@@ -41,7 +49,14 @@ from typing import Any
 
 from dstl_client.client import ChangelogClient, ChangelogWriter
 from dstl_client.coordinator.records import NO_BATCH, CheckpointRecord, MatResult, TaskResult
-from dstl_client.errors import ConfigError, CorruptObject, DstlError, LogNotFound
+from dstl_client.errors import (
+    CallLost,
+    ConfigError,
+    CorruptObject,
+    DstlError,
+    LogNotFound,
+    WriterFailed,
+)
 from dstl_client.format import split_changes
 from dstl_client.keygroups import KeyGroupRange, key_group_range_for_operator
 from dstl_client.state.api import KeyedContext
@@ -348,7 +363,6 @@ class Subtask:
         plan = self.plan
         store = self.store
         log_id = store.meta("log_id")
-        writer: ChangelogWriter | None = None
         if log_id:
             writer = ChangelogWriter(
                 self.client,
@@ -357,24 +371,61 @@ class Subtask:
                 self.kg_range.as_tuple(),
                 int(store.meta("max_change_bytes", "0") or 0) or (4 << 20),
             )
+            self._writer = writer  # a failure from here on abandons its log
             try:
                 self.start_sqn = writer.last_appended_sqn()
-            except LogNotFound:
-                writer = None  # the sidecar restarted: a new log
-        if writer is None:
-            writer = self.client.create_writer(
-                job_id=plan.job_id,
-                operator_id=plan.operator_id,
-                key_group_range=self.kg_range.as_tuple(),
-            )
-            store.set_meta(
-                log_id=writer.log_id,
-                max_change_bytes=writer.max_change_bytes,
-                truncated_before=0,
-            )
-            self.start_sqn = writer.last_appended_sqn()
-            self.stats["new_writer"] = True
+                return
+            except (LogNotFound, CallLost, WriterFailed) as exc:
+                # the sidecar restarted, or the log's calls are out of step: a new log
+                self._abandon_writer(exc)
+        writer = self.client.create_writer(
+            job_id=plan.job_id,
+            operator_id=plan.operator_id,
+            key_group_range=self.kg_range.as_tuple(),
+        )
+        store.set_meta(
+            log_id=writer.log_id,
+            max_change_bytes=writer.max_change_bytes,
+            truncated_before=0,
+        )
         self._writer = writer
+        self.start_sqn = writer.last_appended_sqn()
+        self.stats["new_writer"] = True
+
+    def _abandon_writer(self, error: BaseException) -> None:
+        """Stop using the writer's log: the next attempt creates a new one.
+
+        For a writer that failed (a send of changes failed, see
+        :class:`~dstl_client.client.ChangelogWriter`) or whose state is
+        unknown after an error: its log may lack changes this attempt
+        appended, so no later attempt may reopen it. The attempt's pending
+        batch is rolled back; the next attempt brings the store to the last
+        committed checkpoint and starts a new log, as after a sidecar restart.
+        The old log is closed (best effort); its persisted handles stay readable.
+        """
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        store = self._store
+        if store is not None and store.meta("log_id") == writer.log_id:
+            try:
+                store.rollback()  # the unfinished batch
+                store.set_meta(log_id="", truncated_before=0)  # committed at once
+            except sqlite3.Error as exc:  # the next attempt reopens the log (new session)
+                log.warning(
+                    "subtask %d could not forget log %s: %s", self.index, writer.log_id, exc
+                )
+        with contextlib.suppress(Exception):  # best effort: the error at hand matters
+            writer.close()
+        self.stats["abandoned_log"] = writer.log_id
+        log.warning(
+            "subtask %d %s abandons changelog %s after %s: %s",
+            self.index,
+            self.kg_range,
+            writer.log_id,
+            type(error).__name__,
+            error,
+        )
 
     def _truncate(self) -> None:
         """Release changes every recorded materialization of this range covers."""
@@ -451,8 +502,22 @@ class Subtask:
             self.mat = None
             self.mat_error = f"materialization did not finish in {timeout_s}s"
 
-    def close(self) -> None:
-        """Release the store (an unfinished batch is rolled back)."""
+    def close(self, error: BaseException | None = None) -> None:
+        """Release the store (an unfinished batch is rolled back).
+
+        ``error``: the exception the attempt fails with. If the writer failed,
+        or the error is one of the DSTL's or a persist timeout (the outcome of
+        the writer's calls is unknown), the writer's log is abandoned (see
+        :meth:`_abandon_writer`); the exception goes on to fail the task.
+        """
+        writer = self._writer
+        if (
+            error is not None
+            and writer is not None
+            # TimeoutError: a persist did not finish in persist_timeout_s
+            and (writer.failed is not None or isinstance(error, DstlError | TimeoutError))
+        ):
+            self._abandon_writer(error)
         self._join_materialization(self.plan.persist_timeout_s)
         if self._store is not None:
             self._store.close()
@@ -461,8 +526,8 @@ class Subtask:
     def __enter__(self) -> Subtask:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.close(exc)
 
 
 KeyedFunction = Callable[[Any, list[Any], KeyedContext], Iterable[Any] | None]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dstl_client import ChangelogClient, ChangelogHandle
-from dstl_client.errors import DstlError, LogNotFound, SidecarUnavailable
+from dstl_client.errors import DstlError, LogNotFound, SidecarUnavailable, WriterFailed
 from dstl_server.testing import ServerProcess
 from tests.integration._helpers import object_files, read_all, temp_files
 
@@ -76,13 +76,18 @@ def test_kill_9_then_restart_on_same_storage(tmp_path: Path) -> None:
                 # The old writer does not silently continue on the new sidecar.
                 writers[1].append(2, b"x")  # buffered: reaches the sidecar with flush
                 for call in (
-                    writers[0].last_appended_sqn,
                     writers[1].flush,
                     lambda: writers[2].persist_durably(after=0).result(timeout=30),
-                    lambda: writers[1].truncate(before=0),
                 ):
                     with pytest.raises(LogNotFound, match="restarted"):
                         call()
+                # A writer whose send failed stays failed (sticky), naming the first cause.
+                with pytest.raises(WriterFailed) as failed:
+                    writers[0].last_appended_sqn()
+                assert isinstance(failed.value.cause, SidecarUnavailable)
+                with pytest.raises(WriterFailed) as failed:
+                    writers[1].truncate(before=0)
+                assert isinstance(failed.value.cause, LogNotFound)
                 # Every acknowledged handle reads back byte for byte through the new process.
                 with ChangelogClient(second.address) as fresh:
                     for h, expected in acknowledged:
