@@ -45,6 +45,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dstl_client.client import ChangelogClient, ChangelogWriter
@@ -80,6 +81,8 @@ log = logging.getLogger(__name__)
 ADDRESS_ENV = "DSTL_ADDRESS"
 #: environment variable with the sidecar's bearer token, if it wants one
 TOKEN_ENV = "DSTL_TOKEN"
+#: environment variable with a PEM CA bundle: the sidecar serves TLS (TCP off loopback)
+CA_FILE_ENV = "DSTL_CA_FILE"
 _MAT_APPEND_BATCH = 4096
 
 
@@ -110,17 +113,22 @@ class BatchPlan:
         return NO_BATCH if self.committed is None else self.committed.batch_id
 
 
-_clients: dict[tuple[int, str, str | None], ChangelogClient] = {}
+_clients: dict[tuple[int, str, str | None, str | None], ChangelogClient] = {}
 _clients_lock = threading.Lock()
 
 
 def shared_client(address: str, token: str | None = None) -> ChangelogClient:
     """One client per process and sidecar (Python workers are reused across tasks)."""
-    key = (os.getpid(), address, token)
+    ca_file = os.environ.get(CA_FILE_ENV) or None
+    key = (os.getpid(), address, token, ca_file)
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = ChangelogClient(address, token=token)
+            try:
+                roots = Path(ca_file).read_bytes() if ca_file else None
+            except OSError as exc:
+                raise ConfigError(f"{CA_FILE_ENV}={ca_file!r}: cannot read: {exc}") from None
+            client = ChangelogClient(address, token=token, root_certificates=roots)
             _clients[key] = client
         return client
 
