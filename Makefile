@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark clean
+.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz clean
 
 all: test
 
@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(PY) -m loadtest.bench
 	$(PY) -m loadtest.hedging_bench
 	$(PY) examples/spark_bench.py
+	$(PY) -m loadtest.wire_fuzz
 
 bench-core: $(STAMP)
 	$(PY) -m loadtest.bench $(BENCH_ARGS)
@@ -56,6 +57,9 @@ bench-hedging: $(STAMP)
 
 bench-spark: $(STAMP)
 	$(PY) examples/spark_bench.py $(BENCH_ARGS)
+
+bench-fuzz: $(STAMP)
+	$(PY) -m loadtest.wire_fuzz $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -57,6 +57,11 @@ class ChangeBuffer:
                 f"a change of {size} bytes exceeds the limit of {self._max_change} bytes"
             )
 
+    @property
+    def parts(self) -> int:
+        """Key groups buffered: one ``KeyGroupChanges`` part each in the request."""
+        return len(self._sizes)
+
     def add(self, key_group: int, data: bytes) -> None:
         """Append one change (already checked)."""
         sizes = self._sizes.get(key_group)

@@ -36,7 +36,7 @@ from dstl_client.errors import (
     WriterClosed,
     WriterFailed,
 )
-from dstl_client.format import ChangesetView, split_changes
+from dstl_client.format import MAX_PARTS_PER_REQUEST, ChangesetView, split_changes
 from dstl_client.handle import ChangelogHandle
 
 #: appends are sent once this many bytes are buffered per writer
@@ -262,7 +262,7 @@ class ChangelogWriter:
             if buf.count and buf.nbytes + buf.framing + len(data) > self._room:
                 self._send_locked()  # the request would outgrow max_message_bytes
             buf.add(key_group, data)
-            if buf.nbytes >= self.client.batch_bytes:
+            if buf.nbytes >= self.client.batch_bytes or buf.parts >= MAX_PARTS_PER_REQUEST:
                 self._send_locked()
 
     def append_many(self, changes: Iterable[tuple[int, bytes]]) -> None:
@@ -280,7 +280,7 @@ class ChangelogWriter:
                 if buf.nbytes + buf.framing + len(data) > room and buf.count:
                     self._send_locked()  # the request would outgrow max_message_bytes
                 buf.add(kg, data)
-                if buf.nbytes >= limit:
+                if buf.nbytes >= limit or buf.parts >= MAX_PARTS_PER_REQUEST:
                     self._send_locked()
 
     def _next_seq(self) -> int:

@@ -62,6 +62,12 @@ def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
     return int(_crc32c.crc32c(data, crc))
 
 
+#: most ``KeyGroupChanges`` parts one Append or PersistDurably request may carry:
+#: the sidecar's work per request stays bounded (clients send their buffer
+#: before it holds more key groups than this)
+MAX_PARTS_PER_REQUEST = 16_384
+
+
 @dataclass(slots=True)
 class PackedChanges:
     """Changes of one key group packed as on disk: ``count`` u32 sizes + payload.

@@ -18,6 +18,7 @@ from dstl_client._pb import dstl_pb2
 from dstl_server.auth import Authenticator, TokenAuthInterceptor
 from dstl_server.hedging import make_uploader
 from dstl_server.housekeeping import StoreHousekeeping
+from dstl_server.memory import release_free_memory
 from dstl_server.metrics import ServerMetrics
 from dstl_server.registry import LogRegistry
 from dstl_server.service import ChangelogService, register
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 def loop_time() -> float:
     return asyncio.get_running_loop().time()
 
+
+#: how often freed heap memory is handed back to the OS
+_TRIM_PERIOD_S = 2.0
 
 SERVICE_NAME = dstl_pb2.DESCRIPTOR.services_by_name["Changelog"].full_name
 
@@ -164,11 +168,21 @@ class DstlServer:
         await self.health.set(SERVICE_NAME, serving if store_up else not_serving)
 
     async def _expire_idle_writers(self) -> None:
-        """Close writers whose client stopped calling (one task, the server's loop)."""
-        period = min(60.0, self.settings.writer_idle_timeout_s / 4)
+        """Close writers whose client stopped calling, give freed memory back to the OS.
+
+        One task on the server's loop. The trim (glibc ``malloc_trim``) runs
+        every couple of seconds: after a burst of large requests the heap
+        keeps freed pages mapped, and RSS would stay near the peak.
+        """
+        expiry_period = min(60.0, self.settings.writer_idle_timeout_s / 4)
+        loop = asyncio.get_running_loop()
+        next_expiry = loop.time() + expiry_period
         while True:
-            await asyncio.sleep(period)
-            self.registry.expire_idle()
+            await asyncio.sleep(min(_TRIM_PERIOD_S, max(0.0, next_expiry - loop.time())))
+            if loop.time() >= next_expiry:
+                self.registry.expire_idle()
+                next_expiry = loop.time() + expiry_period
+            release_free_memory()
 
     async def stop(self) -> int:
         """Stop accepting, finish in-flight uploads (within the grace), close.

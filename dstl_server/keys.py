@@ -20,7 +20,7 @@ OBJECT_SUFFIX = ".dstl"
 def check_job_id(job_id: str) -> str:
     if not _JOB_ID.fullmatch(job_id):  # not match: "$" accepts a trailing newline
         raise InvalidArgument(
-            f"bad job id {job_id!r}: 1-128 characters of letters, digits, '.', '_', '-'"
+            f"bad job id {job_id[:140]!r}: 1-128 characters of letters, digits, '.', '_', '-'"
         )
     return job_id
 
@@ -43,4 +43,4 @@ def check_key_of_job(job_id: str, key: str) -> None:
         or not re.fullmatch(r"[0-9a-f]{2}", parts[1])
         or not re.fullmatch(r"[0-9a-f]{32}" + re.escape(OBJECT_SUFFIX), parts[2])
     ):
-        raise PermissionDenied(f"object key {key!r} does not belong to job {job_id!r}")
+        raise PermissionDenied(f"object key {key[:200]!r} does not belong to job {job_id[:140]!r}")

@@ -29,7 +29,7 @@ from dstl_client.errors import (
     ShuttingDown,
     WriterFailed,
 )
-from dstl_client.format import PackedChanges
+from dstl_client.format import MAX_PARTS_PER_REQUEST, PackedChanges
 from dstl_client.handle import ChangelogHandle
 from dstl_client.reader import HandleReader
 from dstl_server.auth import Authenticator, Principal, check_job
@@ -52,13 +52,24 @@ def status_of(exc: DstlError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.INTERNAL)  # type: ignore[no-any-return]
 
 
+#: error messages are cut to this many characters: they travel in metadata
+#: (gRPC's limit is 16 KiB) and may quote what a caller sent
+MAX_ERROR_MESSAGE_CHARS = 2000
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MAX_ERROR_MESSAGE_CHARS:
+        return message
+    return message[: MAX_ERROR_MESSAGE_CHARS - 16] + " ...(truncated)"
+
+
 async def _abort(ctx: grpc.aio.ServicerContext, exc: BaseException, metrics: ServerMetrics) -> None:
     if isinstance(exc, DstlError):
         metrics.errors.labels(exc.kind).inc()
         if isinstance(exc, PermissionDenied):
             metrics.auth_refusals.labels(exc.kind).inc()
         await ctx.abort(
-            status_of(exc), exc.message, trailing_metadata=((ERROR_KIND_KEY, exc.kind),)
+            status_of(exc), _bounded(exc.message), trailing_metadata=((ERROR_KIND_KEY, exc.kind),)
         )
     metrics.errors.labels("internal").inc()
     log.exception("internal error", exc_info=exc)
@@ -178,7 +189,7 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         calls = wl.calls
         parked = 0
         expected = calls.next_seq if session == calls.session else 1
-        if changes and seq and seq != expected:
+        if changes and seq and seq != expected and len(changes) <= MAX_PARTS_PER_REQUEST:
             parked = sum(len(c.sizes) + len(c.payload) for c in changes)
             limit = self.registry.settings.max_in_flight_bytes
             if self._parked_bytes + parked > limit:
@@ -211,6 +222,11 @@ class ChangelogService(pb_grpc.ChangelogServicer):
     ) -> int:
         """Append a call's changes; if they are refused, fail the writer's session."""
         try:
+            if len(changes) > MAX_PARTS_PER_REQUEST:
+                raise InvalidArgument(
+                    f"{len(changes)} key-group parts in one request (at most "
+                    f"{MAX_PARTS_PER_REQUEST}): send the buffer in several requests"
+                )
             return await self.registry.append(wl.log_id, _batches(changes))
         except BaseException as exc:
             if seq and any(c.count for c in changes):
