@@ -23,6 +23,7 @@ from dstl_client import ChangelogClient
 from dstl_client._pb import dstl_pb2 as pb
 from dstl_client._pb import dstl_pb2_grpc as pb_grpc
 from dstl_client._status import to_dstl_error
+from dstl_client.format import MAX_PARTS_PER_REQUEST
 from dstl_client.errors import (
     Backpressure,
     CallLost,
@@ -152,7 +153,7 @@ def test_zero_change_key_groups_are_refused(sidecar: Sidecar, log_id: str) -> No
 
 def test_tiny_parts_are_charged_to_the_memory_budget(sidecar: Sidecar, log_id: str) -> None:
     before = sidecar.proc.scrape_metrics()["dstl_unuploaded_bytes"]
-    parts = 20_000  # one empty change each: 4 bytes of data, but an object per part
+    parts = 10_000  # one empty change each: 4 bytes of data, but an object per part
     sidecar.stub.Append(
         pb.AppendRequest(log_id=log_id, changes=[group(kg % 8, b"") for kg in range(parts)]),
         timeout=20,
@@ -324,3 +325,11 @@ def test_calls_parked_behind_a_missing_call_are_bounded(sidecar: Sidecar, log_id
         with pytest.raises(grpc.RpcError) as info:
             fut.result(timeout=20)
         assert isinstance(to_dstl_error(info.value), WriterFailed | CallLost)
+
+
+def test_a_request_with_too_many_parts_is_refused_before_any_work(
+    sidecar: Sidecar, log_id: str
+) -> None:
+    many = [group(kg % 8, b"") for kg in range(MAX_PARTS_PER_REQUEST + 1)]
+    err = error_of(sidecar.stub.Append, pb.AppendRequest(log_id=log_id, changes=many))
+    assert isinstance(err, InvalidArgument) and "at most" in err.message
