@@ -23,7 +23,6 @@ from dstl_client import ChangelogClient
 from dstl_client._pb import dstl_pb2 as pb
 from dstl_client._pb import dstl_pb2_grpc as pb_grpc
 from dstl_client._status import to_dstl_error
-from dstl_client.format import MAX_PARTS_PER_REQUEST
 from dstl_client.errors import (
     Backpressure,
     CallLost,
@@ -35,6 +34,7 @@ from dstl_client.errors import (
     TooManyWriters,
     WriterFailed,
 )
+from dstl_client.format import MAX_PARTS_PER_REQUEST
 from dstl_server.testing import ServerProcess
 from tests.integration._helpers import Bystander, raw_stub
 
