@@ -60,7 +60,7 @@ class DstlServer:
         self.metrics = ServerMetrics()
         self.epoch = uuid.uuid4().hex
         self.store = store or open_store(settings.storage, settings)
-        # HedgingUploader unless hedge_mode is 'off' (then RetryingUploader).
+        # One UploadExecutor: retries, hedging (unless hedge_mode is 'off'), one deadline.
         self.uploader = uploader or make_uploader(self.store, settings, self.metrics)
         self.registry = LogRegistry(settings, self.uploader, self.metrics)
         self.auth = Authenticator(settings.auth_secret) if settings.auth_secret else None

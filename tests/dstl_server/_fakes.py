@@ -7,6 +7,7 @@ these fakes only make failures, stalls and call counts easy to script.
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
@@ -124,3 +125,64 @@ class ScriptedStore(BlobStore):
         for key in sorted(self.objects):
             if key.startswith(prefix):
                 yield BlobInfo(key, len(self.objects[key]))
+
+
+class FakeClock:
+    """Virtual time: ``time`` and ``sleep`` to inject into the code under test.
+
+    Time stands still while any task can run; once every task waits, it jumps
+    to the end of the earliest :meth:`sleep` and wakes the sleepers due then.
+    Minutes of timeouts run in milliseconds and elapsed times are exact. Real
+    timers (``asyncio.sleep``) do not count as work: time jumps past them.
+    One clock per test; close what sleeps on it before the test ends (a task
+    waiting on a fake sleep is kept alive by nothing but this clock).
+    """
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = 0
+        self._driver: asyncio.Task[None] | None = None
+
+    def time(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._seq += 1
+        heapq.heappush(self._sleepers, (self.now + max(0.0, seconds), self._seq, fut))
+        if self._driver is None or self._driver.done():
+            self._driver = loop.create_task(self._drive())
+        await fut  # a cancelled sleep cancels fut, which the driver skips
+
+    async def _drive(self) -> None:
+        while True:
+            await _settle()
+            while self._sleepers and self._sleepers[0][2].done():
+                heapq.heappop(self._sleepers)
+            if not self._sleepers:
+                return
+            self.now = max(self.now, self._sleepers[0][0])
+            while self._sleepers and self._sleepers[0][0] <= self.now:
+                fut = heapq.heappop(self._sleepers)[2]
+                if not fut.done():
+                    fut.set_result(None)
+
+
+async def _settle() -> None:
+    """Yield until no other callback is ready to run (every task waits)."""
+    ready = getattr(asyncio.get_running_loop(), "_ready", None)
+    quiet = 0
+    for _ in range(10_000):
+        await asyncio.sleep(0)
+        if ready is None:  # a loop without the attribute: a fixed number of turns
+            quiet += 1
+            if quiet >= 50:
+                return
+        elif len(ready) == 0:
+            quiet += 1
+            if quiet >= 3:
+                return
+        else:
+            quiet = 0

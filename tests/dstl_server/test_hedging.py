@@ -1,25 +1,24 @@
-"""HedgingUploader, LatencyTracker and HedgeBudget against a store whose put latency we script."""
+"""Hedging in UploadExecutor, LatencyTracker and HedgeBudget, on a fake clock.
+
+The store's put latencies are scripted in virtual time (``FakeClock``), so the
+elapsed times asserted here are exact and nothing sleeps on the wall clock.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
 from dstl_client.errors import StorageError, TransientStorageError
-from dstl_server.hedging import (
-    HedgeBudget,
-    HedgingPolicy,
-    HedgingUploader,
-    LatencyTracker,
-    make_uploader,
-)
+from dstl_server.hedging import HedgeBudget, LatencyTracker, make_uploader
 from dstl_server.metrics import ServerMetrics
 from dstl_server.settings import ServerSettings
 from dstl_server.storage.base import BlobInfo, BlobStore
-from dstl_server.uploader import RetryingUploader
+from dstl_server.upload_policy import UploadPolicy
+from dstl_server.uploader import UploadExecutor
+from tests.dstl_server._fakes import FakeClock
 
 Plan = Callable[[int], tuple[float, BaseException | None]]
 
@@ -28,12 +27,14 @@ class ScriptedStore(BlobStore):
     """In-memory store; put number ``n`` (0-based) sleeps and fails as ``plan(n)`` says.
 
     An object appears only when its put completes successfully (atomic puts).
+    Puts sleep on ``clock``, the fake clock the uploader under test is given.
     """
 
     url = "mem://scripted"
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
+        self.clock = FakeClock()
         self.objects: dict[str, bytes] = {}
         self.put_keys: list[str] = []
         self.finished: list[str] = []  # puts that ran to their end (success or error)
@@ -47,7 +48,7 @@ class ScriptedStore(BlobStore):
         self.put_keys.append(key)
         delay, exc = self.plan(n)
         try:
-            await asyncio.sleep(delay)
+            await self.clock.sleep(delay)
         except asyncio.CancelledError:
             self.cancelled.append(key)
             raise
@@ -79,18 +80,23 @@ def latencies(*delays: float, then: float = 0.0) -> Plan:
     return lambda n: (delays[n] if n < len(delays) else then, None)
 
 
-def policy(**kw: object) -> HedgingPolicy:
+def policy(**kw: object) -> UploadPolicy:
     base: dict[str, object] = {
         "attempt_timeout_s": 5.0,
         "deadline_s": 10.0,
-        "mode": "fixed",
-        "fixed_delay_s": 0.05,
-        "budget_fraction": 1.0,
+        "hedge_mode": "fixed",
+        "hedge_delay_s": 0.05,
+        "hedge_budget_fraction": 1.0,
         "retry_base_delay_s": 0.01,
         "retry_max_delay_s": 0.02,
     }
     base.update(kw)
-    return HedgingPolicy(**base)  # type: ignore[arg-type]
+    return UploadPolicy(**base)  # type: ignore[arg-type]
+
+
+def engine(store: ScriptedStore, p: UploadPolicy, m: ServerMetrics) -> UploadExecutor:
+    """The upload engine on the store's fake clock."""
+    return UploadExecutor(store, p, m, clock=store.clock.time, sleep=store.clock.sleep)
 
 
 def sample(m: ServerMetrics, name: str, **labels: str) -> float:
@@ -105,10 +111,10 @@ DATA = b"x" * 1000
 async def test_slow_first_attempt_is_hedged_and_the_hedge_wins() -> None:
     store = ScriptedStore(latencies(0.6, 0.01))
     m = ServerMetrics()
-    up = HedgingUploader(store, policy(fixed_delay_s=0.05), m)
-    t0 = time.perf_counter()
+    up = engine(store, policy(hedge_delay_s=0.05), m)
+    t0 = store.clock.time()
     key = await up.upload("job", DATA)
-    took = time.perf_counter() - t0
+    took = store.clock.time() - t0
     first, hedge = store.put_keys
     assert key == hedge and key.startswith("job/")
     assert store.objects[key] == DATA  # the returned key names a complete object
@@ -129,7 +135,7 @@ async def test_first_attempt_wins_when_it_beats_its_hedge() -> None:
     # first takes 0.15 s, the hedge (started at 0.05 s) takes 0.5 s
     store = ScriptedStore(latencies(0.15, 0.5))
     m = ServerMetrics()
-    up = HedgingUploader(store, policy(fixed_delay_s=0.05), m)
+    up = engine(store, policy(hedge_delay_s=0.05), m)
     key = await up.upload("job", DATA)
     first, hedge = store.put_keys
     assert key == first
@@ -146,7 +152,7 @@ async def test_loser_that_fails_later_is_still_discarded() -> None:
         return 0.01, None
 
     store = ScriptedStore(plan)
-    up = HedgingUploader(store, policy(fixed_delay_s=0.05), ServerMetrics())
+    up = engine(store, policy(hedge_delay_s=0.05), ServerMetrics())
     key = await up.upload("job", DATA)
     await up.close()
     assert key == store.put_keys[1]
@@ -157,7 +163,7 @@ async def test_loser_that_fails_later_is_still_discarded() -> None:
 async def test_fast_uploads_are_not_hedged() -> None:
     store = ScriptedStore(latencies(then=0.005))
     m = ServerMetrics()
-    up = HedgingUploader(store, policy(fixed_delay_s=0.2), m)
+    up = engine(store, policy(hedge_delay_s=0.2), m)
     keys = [await up.upload("job", DATA) for _ in range(5)]
     assert keys == store.put_keys
     assert sample(m, "dstl_hedges_started_total") == 0
@@ -168,7 +174,7 @@ async def test_fast_uploads_are_not_hedged() -> None:
 async def test_off_mode_never_hedges() -> None:
     store = ScriptedStore(latencies(0.3))
     m = ServerMetrics()
-    up = HedgingUploader(store, policy(mode="off"), m)
+    up = engine(store, policy(hedge_mode="off"), m)
     assert up.hedge_delay(len(DATA)) is None
     key = await up.upload("job", DATA)
     assert store.put_keys == [key]
@@ -176,14 +182,20 @@ async def test_off_mode_never_hedges() -> None:
 
 
 def test_make_uploader_picks_by_mode(tmp_path: object) -> None:
+    # one engine for every mode; the mode is the policy's
     store = ScriptedStore(latencies())
     m = ServerMetrics()
     s = ServerSettings(storage="file:///tmp/x")
-    assert isinstance(make_uploader(store, s, m), HedgingUploader)
-    assert isinstance(make_uploader(store, s.replace(hedge_mode="fixed"), m), HedgingUploader)
-    assert isinstance(make_uploader(store, s.replace(hedge_mode="off"), m), RetryingUploader)
-    p = HedgingPolicy.from_settings(s.replace(hedge_delay_ms=250.0, upload_deadline_s=7.0))
-    assert p.fixed_delay_s == 0.25 and p.deadline_s == 7.0 and p.mode == "adaptive"
+    for mode, settings in (
+        ("adaptive", s),
+        ("fixed", s.replace(hedge_mode="fixed")),
+        ("off", s.replace(hedge_mode="off")),
+    ):
+        up = make_uploader(store, settings, m)
+        assert isinstance(up, UploadExecutor) and up.policy.hedge_mode == mode
+    p = UploadPolicy.from_settings(s.replace(hedge_delay_ms=250.0, upload_deadline_s=7.0))
+    assert p.hedge_delay_s == 0.25 and p.deadline_s == 7.0 and p.hedge_mode == "adaptive"
+    assert UploadPolicy.from_settings(s) == UploadPolicy()  # the defaults are the settings'
 
 
 # ------------------------------------------------------------------- budget
@@ -212,7 +224,7 @@ def test_budget_allows_a_fraction_of_uploads_in_the_window() -> None:
 async def test_budget_stops_hedging_when_spent() -> None:
     store = ScriptedStore(latencies(then=0.12))  # every attempt is slower than the delay
     m = ServerMetrics()
-    up = HedgingUploader(store, policy(fixed_delay_s=0.02, budget_fraction=0.5), m)
+    up = engine(store, policy(hedge_delay_s=0.02, hedge_budget_fraction=0.5), m)
     for _ in range(6):
         await up.upload("job", DATA)
     await up.close()
@@ -226,7 +238,7 @@ async def test_budget_stops_hedging_when_spent() -> None:
 async def test_zero_budget_never_hedges() -> None:
     store = ScriptedStore(latencies(then=0.08))
     m = ServerMetrics()
-    up = HedgingUploader(store, policy(fixed_delay_s=0.01, budget_fraction=0.0), m)
+    up = engine(store, policy(hedge_delay_s=0.01, hedge_budget_fraction=0.0), m)
     for _ in range(3):
         await up.upload("job", DATA)
     assert len(store.put_keys) == 3
@@ -252,9 +264,15 @@ def test_latency_tracker_quantile_per_size_class() -> None:
 
 
 def test_adaptive_delay_follows_the_quantile_and_clamps() -> None:
-    def uploader(lo: float, hi: float) -> HedgingUploader:
-        p = policy(mode="adaptive", quantile=0.95, min_delay_s=lo, max_delay_s=hi, min_samples=20)
-        return HedgingUploader(ScriptedStore(latencies()), p, ServerMetrics())
+    def uploader(lo: float, hi: float) -> UploadExecutor:
+        p = policy(
+            hedge_mode="adaptive",
+            hedge_quantile=0.95,
+            hedge_min_delay_s=lo,
+            hedge_max_delay_s=hi,
+            min_samples=20,
+        )
+        return engine(ScriptedStore(latencies()), p, ServerMetrics())
 
     up = uploader(0.01, 1.0)
     assert up.hedge_delay(1000) == 1.0  # cold start: the ceiling
@@ -276,14 +294,14 @@ async def test_adaptive_hedging_learns_from_uploads() -> None:
     # 2 s cold-start ceiling
     store = ScriptedStore(latencies(*([0.01] * 30), 1.0, then=0.01))
     m = ServerMetrics()
-    p = policy(mode="adaptive", min_delay_s=0.05, max_delay_s=2.0, min_samples=20)
-    up = HedgingUploader(store, p, m)
+    p = policy(hedge_mode="adaptive", hedge_min_delay_s=0.05, hedge_max_delay_s=2.0, min_samples=20)
+    up = engine(store, p, m)
     for _ in range(30):
         await up.upload("job", DATA)
     assert up.hedge_delay(len(DATA)) == 0.05
-    t0 = time.perf_counter()
+    t0 = store.clock.time()
     key = await up.upload("job", DATA)
-    assert time.perf_counter() - t0 < 0.5
+    assert store.clock.time() - t0 < 0.5
     assert key == store.put_keys[-1] and sample(m, "dstl_hedges_won_total") == 1
     assert sample(m, "dstl_hedge_delay_seconds") == 0.05
     await up.close()
@@ -296,7 +314,7 @@ async def test_retryable_failure_is_retried() -> None:
 
     store = ScriptedStore(plan)
     m = ServerMetrics()
-    up = HedgingUploader(store, policy(max_attempts=3), m)
+    up = engine(store, policy(max_attempts=3), m)
     key = await up.upload("job", DATA)
     await up.close()
     assert len(store.put_keys) == 3 and key == store.put_keys[2]
@@ -310,7 +328,7 @@ async def test_retryable_failure_is_retried() -> None:
 async def test_attempt_timeout_is_retried() -> None:
     store = ScriptedStore(latencies(5.0, then=0.0))
     m = ServerMetrics()
-    up = HedgingUploader(store, policy(mode="off", attempt_timeout_s=0.1), m)
+    up = engine(store, policy(hedge_mode="off", attempt_timeout_s=0.1), m)
     key = await up.upload("job", DATA)
     assert key == store.put_keys[1]
     assert store.put_keys[0] in store.cancelled
@@ -322,7 +340,7 @@ async def test_attempt_timeout_is_retried() -> None:
 async def test_non_retryable_failure_is_not_retried() -> None:
     store = ScriptedStore(lambda n: (0.0, StorageError("403 AccessDenied", retryable=False)))
     m = ServerMetrics()
-    up = HedgingUploader(store, policy(max_attempts=5), m)
+    up = engine(store, policy(max_attempts=5), m)
     with pytest.raises(StorageError, match="403 AccessDenied") as info:
         await up.upload("job", DATA)
     assert not info.value.retryable
@@ -330,11 +348,12 @@ async def test_non_retryable_failure_is_not_retried() -> None:
     assert sample(m, "dstl_upload_retries_total") == 0
     assert sample(m, "dstl_uploads_total", result="failed") == 1
     assert sample(m, "dstl_upload_failures_total", kind="storage") == 1
+    await up.close()  # the failed attempt's delete waits on the fake clock: let it run
 
 
 async def test_retries_stop_after_max_attempts() -> None:
     store = ScriptedStore(lambda n: (0.0, TransientStorageError("500 InternalError")))
-    up = HedgingUploader(store, policy(max_attempts=3), ServerMetrics())
+    up = engine(store, policy(max_attempts=3), ServerMetrics())
     with pytest.raises(TransientStorageError, match=r"after 3 attempt\(s\).*500 InternalError"):
         await up.upload("job", DATA)
     assert len(store.put_keys) == 3
@@ -345,11 +364,11 @@ async def test_retries_stop_after_max_attempts() -> None:
 async def test_deadline_bounds_the_upload() -> None:
     store = ScriptedStore(latencies(then=3.0))  # the store hangs
     m = ServerMetrics()
-    up = HedgingUploader(store, policy(deadline_s=0.4, attempt_timeout_s=1.0, fixed_delay_s=0.1), m)
-    t0 = time.perf_counter()
+    up = engine(store, policy(deadline_s=0.4, attempt_timeout_s=1.0, hedge_delay_s=0.1), m)
+    t0 = store.clock.time()
     with pytest.raises(TransientStorageError, match=r"missed its 0\.4s deadline"):
         await up.upload("job", DATA)
-    assert 0.35 < time.perf_counter() - t0 < 0.9
+    assert 0.35 < store.clock.time() - t0 < 0.9
     assert sample(m, "dstl_upload_deadline_exceeded_total") == 1
     assert sample(m, "dstl_upload_failures_total", kind="deadline") == 1
     assert len(store.put_keys) == 2  # the first attempt and its hedge
@@ -361,7 +380,7 @@ async def test_deadline_bounds_the_upload() -> None:
 
 async def test_close_cancels_discards_past_its_timeout() -> None:
     store = ScriptedStore(latencies(0.5, 0.01))
-    up = HedgingUploader(store, policy(fixed_delay_s=0.05, attempt_timeout_s=30.0), ServerMetrics())
+    up = engine(store, policy(hedge_delay_s=0.05, attempt_timeout_s=30.0), ServerMetrics())
     await up.upload("job", DATA)
     await up.close(timeout_s=0.05)
     assert up.pending_discards == 0
@@ -370,9 +389,9 @@ async def test_close_cancels_discards_past_its_timeout() -> None:
 
 async def test_cancelled_upload_discards_its_attempts() -> None:
     store = ScriptedStore(latencies(0.2, 0.2))
-    up = HedgingUploader(store, policy(fixed_delay_s=0.05), ServerMetrics())
+    up = engine(store, policy(hedge_delay_s=0.05), ServerMetrics())
     task = asyncio.ensure_future(up.upload("job", DATA))
-    await asyncio.sleep(0.1)
+    await store.clock.sleep(0.1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -385,7 +404,7 @@ async def test_delete_of_a_landed_loser_is_retried() -> None:
     store = ScriptedStore(latencies(0.2, 0.01))
     store.fail_deletes = 2
     m = ServerMetrics()
-    up = HedgingUploader(store, policy(fixed_delay_s=0.05), m)
+    up = engine(store, policy(hedge_delay_s=0.05), m)
     key = await up.upload("job", DATA)
     await up.close()
     assert store.delete_calls == 3
@@ -399,7 +418,7 @@ async def test_failed_attempts_are_deleted_in_one_try() -> None:
     store = ScriptedStore(lambda n: (0.0, TransientStorageError("503 SlowDown")))
     store.fail_deletes = 1
     m = ServerMetrics()
-    up = HedgingUploader(store, policy(max_attempts=3), m)
+    up = engine(store, policy(max_attempts=3), m)
     with pytest.raises(TransientStorageError):
         await up.upload("job", DATA)
     await up.close()
@@ -412,12 +431,12 @@ async def test_losers_of_many_uploads_are_deleted_in_one_request() -> None:
     # three uploads, each first attempt slow (0.15 s) and hedged after 0.02 s
     store = ScriptedStore(lambda n: (0.15 if n % 2 == 0 else 0.005, None))
     m = ServerMetrics()
-    up = HedgingUploader(store, policy(fixed_delay_s=0.02, discard_batch_delay_s=0.6), m)
+    up = engine(store, policy(hedge_delay_s=0.02, discard_batch_delay_s=0.6), m)
     keys = [await up.upload("job", DATA) for _ in range(3)]
     assert keys == store.put_keys[1::2]
-    await asyncio.sleep(0.2)  # every loser has landed; the batch is not due yet
+    await store.clock.sleep(0.2)  # every loser has landed; the batch is not due yet
     assert store.delete_calls == 0 and len(store.objects) == 6
-    await asyncio.sleep(0.8)
+    await store.clock.sleep(0.8)
     assert store.delete_calls == 1 and set(store.deleted) == set(store.put_keys[0::2])
     assert set(store.objects) == set(keys)
     assert sample(m, "dstl_upload_attempts_discarded_total") == 3

@@ -1,11 +1,17 @@
-"""RetryingUploader against a scripted store: retries, timeouts, cleanup, metrics."""
+"""UploadExecutor with hedging off against a scripted store, on a fake clock.
+
+Retries, timeouts, the total deadline, cleanup of losing attempts, metrics,
+and the retry classification of errors by type.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -14,23 +20,36 @@ from dstl_client.errors import (
     PermissionDenied,
     StorageError,
     TransientStorageError,
+    UploadFailed,
 )
 from dstl_server.metrics import ServerMetrics
-from dstl_server.uploader import RetryingUploader, UploadPolicy
-from tests.dstl_server._fakes import ScriptedStore, sample
+from dstl_server.upload_policy import UploadPolicy, is_retryable
+from dstl_server.uploader import UploadExecutor
+from tests.dstl_server._fakes import FakeClock, ScriptedStore, sample
 
 DATA = b"an object" * 100
 FAST = UploadPolicy(
-    attempt_timeout_s=5.0, max_attempts=3, retry_base_delay_s=0.001, retry_max_delay_s=0.005
+    attempt_timeout_s=5.0,
+    max_attempts=3,
+    retry_base_delay_s=0.001,
+    retry_max_delay_s=0.005,
+    hedge_mode="off",
 )
+
+
+def executor(store: ScriptedStore, policy: UploadPolicy = FAST, **kw: Any) -> UploadExecutor:
+    """An engine on a fake clock (``clock=`` one to share it with the test)."""
+    clock = kw.pop("clock", None) or FakeClock()
+    metrics = kw.pop("metrics", None) or ServerMetrics()
+    return UploadExecutor(store, policy, metrics, clock=clock.time, sleep=clock.sleep)
 
 
 def uploader(
     script: Iterable[BaseException | str | None], policy: UploadPolicy = FAST
-) -> tuple[RetryingUploader, ScriptedStore, ServerMetrics]:
+) -> tuple[UploadExecutor, ScriptedStore, ServerMetrics]:
     store = ScriptedStore(script)
     metrics = ServerMetrics()
-    return RetryingUploader(store, policy, metrics), store, metrics
+    return executor(store, policy, metrics=metrics), store, metrics
 
 
 async def test_first_attempt_succeeds() -> None:
@@ -111,9 +130,7 @@ async def test_attempts_are_bounded() -> None:
 
 async def test_timed_out_attempt_is_retried_and_deleted() -> None:
     """A put that reached the store but never answered leaves an object: it is removed."""
-    policy = UploadPolicy(
-        attempt_timeout_s=0.05, max_attempts=3, retry_base_delay_s=0.001, retry_max_delay_s=0.005
-    )
+    policy = replace(FAST, attempt_timeout_s=0.05)
     up, store, metrics = uploader(["hang", None], policy)
     started = time.monotonic()
     key = await up.upload("job", DATA)
@@ -128,9 +145,7 @@ async def test_timed_out_attempt_is_retried_and_deleted() -> None:
 
 
 async def test_every_attempt_times_out() -> None:
-    policy = UploadPolicy(
-        attempt_timeout_s=0.02, max_attempts=2, retry_base_delay_s=0.001, retry_max_delay_s=0.005
-    )
+    policy = replace(FAST, attempt_timeout_s=0.02, max_attempts=2)
     up, store, metrics = uploader(["hang", "hang"], policy)
     with pytest.raises(TransientStorageError, match=r"timed out after 2 attempt\(s\)"):
         await up.upload("job", DATA)
@@ -147,7 +162,7 @@ async def test_failing_cleanup_does_not_fail_the_upload(
             raise TransientStorageError("delete refused")
 
     store = NoDeletes([TransientStorageError("503"), None])
-    up = RetryingUploader(store, FAST, ServerMetrics())
+    up = executor(store)
     key = await up.upload("job", DATA)
     await up.close(1.0)  # the failed delete is logged, not raised
     assert store.objects == {key: DATA}
@@ -161,13 +176,130 @@ async def test_close_is_bounded() -> None:
             return 0
 
     store = SlowDeletes([TransientStorageError("503"), None])
-    up = RetryingUploader(store, FAST, ServerMetrics())
+    clock = FakeClock()
+    up = executor(store, clock=clock)
     await up.upload("job", DATA)
     started = time.monotonic()
+    virtual = clock.time()
     await up.close(0.05)
     assert time.monotonic() - started < 1.0
-    stuck = list(up._cleanup)
-    assert len(stuck) == 1
-    for task in stuck:  # do not leave the stuck delete behind
-        task.cancel()
-    await asyncio.gather(*stuck, return_exceptions=True)
+    # past its timeout close cancels the stuck delete (and waits a bounded while more)
+    assert clock.time() - virtual <= 0.05 + FAST.attempt_timeout_s
+    assert up.pending_discards == 0
+
+
+# ------------------------------------------------- deadline and losers, hedging off
+async def test_deadline_is_honoured_with_hedging_off() -> None:
+    """Attempts that keep timing out are retried until the total deadline, not past it."""
+    clock = FakeClock()
+    store = ScriptedStore(["hang"] * 10)
+    metrics = ServerMetrics()
+    policy = replace(FAST, attempt_timeout_s=1.0, max_attempts=10, deadline_s=3.0)
+    up = executor(store, policy, clock=clock, metrics=metrics)
+    t0 = clock.time()
+    with pytest.raises(
+        TransientStorageError, match=r"missed its 3s deadline \(3 attempt\(s\), 2 failed"
+    ) as info:
+        await up.upload("job", DATA)
+    assert info.value.retryable
+    assert clock.time() - t0 == pytest.approx(3.0)
+    assert len(store.put_keys) == 3  # at ~0 s, ~1 s and ~2 s; the third still ran at 3 s
+    assert sample(metrics, "dstl_upload_deadline_exceeded_total") == 1
+    assert sample(metrics, "dstl_upload_failures_total", kind="deadline") == 1
+    assert sample(metrics, "dstl_uploads_total", result="failed") == 1
+    assert sample(metrics, "dstl_hedges_started_total") == 0
+    await up.close(10.0)
+    assert sorted(store.deleted) == sorted(store.put_keys) and store.objects == {}
+
+
+async def test_attempt_that_lands_after_the_deadline_is_deleted() -> None:
+    """Hedging off: the deadline fails the upload while its only attempt runs on; that
+    attempt then completes (its object lands) and is deleted as a loser."""
+    clock = FakeClock()
+
+    class SlowPuts(ScriptedStore):
+        async def put(self, key: str, data: bytes) -> None:
+            self.put_keys.append(key)
+            await clock.sleep(2.0)
+            self.objects[key] = data
+
+    store = SlowPuts()
+    metrics = ServerMetrics()
+    up = executor(store, replace(FAST, deadline_s=1.0), clock=clock, metrics=metrics)
+    with pytest.raises(TransientStorageError, match=r"missed its 1s deadline .*1 still running"):
+        await up.upload("job", DATA)
+    (key,) = store.put_keys
+    assert store.objects == {} and store.deleted == []  # still running
+    await up.close(10.0)
+    assert store.deleted == [key] and store.objects == {}
+    assert clock.time() >= 1000.0 + 2.0  # deleted only once the put had ended
+    assert sample(metrics, "dstl_upload_attempts_discarded_total") == 1
+
+
+async def test_failed_attempts_of_many_uploads_are_deleted_in_one_request() -> None:
+    class CountingDeletes(ScriptedStore):
+        delete_calls = 0
+
+        async def delete(self, keys: Sequence[str]) -> int:
+            self.delete_calls += 1
+            return await super().delete(keys)
+
+    clock = FakeClock()
+    store = CountingDeletes([TransientStorageError("503"), None] * 3)
+    metrics = ServerMetrics()
+    policy = replace(FAST, discard_batch_delay_s=5.0)
+    up = executor(store, policy, clock=clock, metrics=metrics)
+    keys = [await up.upload("job", DATA) for _ in range(3)]
+    assert keys == store.put_keys[1::2]
+    await clock.sleep(1.0)
+    assert store.delete_calls == 0  # the batch is not due yet
+    await clock.sleep(5.0)
+    assert store.delete_calls == 1 and sorted(store.deleted) == sorted(store.put_keys[0::2])
+    assert sample(metrics, "dstl_upload_attempts_discarded_total") == 3
+    await up.close(1.0)
+    assert store.delete_calls == 1
+
+
+# --------------------------------------------------------- retry classification
+class RetryableByType(StorageError):
+    """A storage error class that is retryable whatever its message says."""
+
+    kind = "retryable_by_type"
+    retryable = True
+
+
+@pytest.mark.parametrize(
+    ("exc", "retryable"),
+    [
+        (TimeoutError(), True),
+        (TimeoutError("attempt timeout"), True),
+        (TransientStorageError("403 in the message, but transient"), True),
+        (StorageError("reset", retryable=True), True),
+        (RetryableByType("x"), True),
+        (StorageError("503 in the message, but not retryable"), False),
+        (StorageError("x", retryable=False), False),
+        (TransientStorageError("x", retryable=False), False),
+        (BlobNotFound("no bucket"), False),
+        (PermissionDenied("not yours"), False),
+        (UploadFailed("not a storage error"), False),
+        (ConnectionResetError("not wrapped by the store"), False),
+        (RuntimeError("a bug"), False),
+        (asyncio.CancelledError(), False),
+    ],
+)
+def test_retry_classification_is_by_type(exc: BaseException, retryable: bool) -> None:
+    assert is_retryable(exc) is retryable
+
+
+async def test_the_engine_retries_by_classification() -> None:
+    up, store, metrics = uploader([RetryableByType("custom"), None])
+    key = await up.upload("job", DATA)
+    assert key == store.put_keys[1]
+    assert sample(metrics, "dstl_upload_retries_total") == 1
+    assert sample(metrics, "dstl_storage_failures_total", op="put", kind="retryable_by_type") == 1
+    await up.close(1.0)
+    up, store, _ = uploader([StorageError("x", retryable=False), None])
+    with pytest.raises(StorageError, match=r"after 1 attempt\(s\)"):
+        await up.upload("job", DATA)
+    assert len(store.put_keys) == 1
+    await up.close(1.0)
