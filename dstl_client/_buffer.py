@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from array import array
 
-from dstl_client._pb import dstl_pb2 as pb
-from dstl_client.errors import ChangeTooLarge, KeyGroupOutOfRange
+from dstl_client.core._pb import dstl_pb2 as pb
+from dstl_client.core.errors import ChangeTooLarge, KeyGroupOutOfRange
 
 _LITTLE = sys.byteorder == "little"
 if array("I").itemsize != 4:  # pragma: no cover - every platform we run on

@@ -6,7 +6,7 @@ from typing import Any
 
 import grpc
 
-from dstl_client.errors import DstlError, SidecarUnavailable, error_class_for_kind
+from dstl_client.core.errors import DstlError, SidecarUnavailable, error_class_for_kind
 
 ERROR_KIND_KEY = "dstl-error-kind"
 

@@ -23,10 +23,10 @@ from typing import Any
 import grpc
 
 from dstl_client._buffer import PART_FRAMING_BYTES, ChangeBuffer
-from dstl_client._pb import dstl_pb2 as pb
-from dstl_client._pb import dstl_pb2_grpc as pb_grpc
 from dstl_client._status import channel_options, credentials_and_metadata, to_dstl_error
-from dstl_client.errors import (
+from dstl_client.core._pb import dstl_pb2 as pb
+from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
+from dstl_client.core.errors import (
     CallLost,
     ConfigError,
     DstlError,
@@ -36,8 +36,8 @@ from dstl_client.errors import (
     WriterClosed,
     WriterFailed,
 )
-from dstl_client.format import MAX_PARTS_PER_REQUEST, ChangesetView, split_changes
-from dstl_client.handle import ChangelogHandle
+from dstl_client.core.format import MAX_PARTS_PER_REQUEST, ChangesetView, split_changes
+from dstl_client.core.handle import ChangelogHandle
 
 #: appends are sent once this many bytes are buffered per writer
 DEFAULT_BATCH_BYTES = 1 << 20
@@ -144,7 +144,7 @@ class ChangelogClient:
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:
         """Block until the channel connects (raises SidecarUnavailable)."""
-        from dstl_client.errors import SidecarUnavailable
+        from dstl_client.core.errors import SidecarUnavailable
 
         try:
             grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
@@ -173,14 +173,14 @@ class ChangelogWriter:
 
     **A failed send fails the writer, for good.** ``append()`` returns before
     its change is sent, so once a send of buffered changes fails (an
-    ``Append`` refused with :class:`~dstl_client.errors.Backpressure`, a lost
+    ``Append`` refused with :class:`~dstl_client.core.errors.Backpressure`, a lost
     connection, a deadline; a persist that carried changes and failed with
-    anything but :class:`~dstl_client.errors.UploadFailed`) the writer can no
+    anything but :class:`~dstl_client.core.errors.UploadFailed`) the writer can no
     longer promise a complete log. The call whose send failed raises the
     original typed error (``Backpressure``, ``SidecarUnavailable``...; for a
     persist, through its future); every later call (``append``,
     ``append_many``, ``flush``, ``last_appended_sqn``, ``persist_durably``,
-    ``truncate``) raises :class:`~dstl_client.errors.WriterFailed` with that
+    ``truncate``) raises :class:`~dstl_client.core.errors.WriterFailed` with that
     error as ``cause``, and a persist already in flight whose handle could
     miss those changes fails with it too: no handle ever silently lacks a
     change whose ``append`` returned. A ``last_appended_sqn`` or ``truncate``
@@ -339,7 +339,7 @@ class ChangelogWriter:
         """Future of the handle of every change with SQN >= ``after``.
 
         The buffer is sent first; then the call runs in the background. Failures
-        arrive through the future as :class:`~dstl_client.errors.DstlError`
+        arrive through the future as :class:`~dstl_client.core.errors.DstlError`
         (see the class docs for those that fail the writer).
         """
         out: concurrent.futures.Future[ChangelogHandle] = concurrent.futures.Future()

@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from dstl_client.errors import ConfigError, InvalidArgument
+from dstl_client.core.errors import ConfigError, InvalidArgument
 
 #: default number of key groups (Flink's lower default); the upper bound of the parallelism
 DEFAULT_MAX_PARALLELISM = 128

@@ -14,7 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from dstl_client._pb import dstl_pb2
+from dstl_client.core._pb import dstl_pb2
 from dstl_server.auth import Authenticator, TokenAuthInterceptor
 from dstl_server.hedging import make_uploader
 from dstl_server.housekeeping import StoreHousekeeping

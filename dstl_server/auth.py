@@ -31,8 +31,8 @@ from typing import Any
 
 import grpc
 
-from dstl_client.errors import ConfigError, PermissionDenied, Unauthenticated
-from dstl_server.keys import check_job_id
+from dstl_client.core.errors import ConfigError, PermissionDenied, Unauthenticated
+from dstl_client.core.keys import check_job_id
 
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 _PREFIX = "dstl1."

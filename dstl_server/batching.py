@@ -7,9 +7,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from dstl_client.errors import DstlError, ShuttingDown, UploadFailed
-from dstl_client.format import BuiltObject, build_object, encode_log_section
-from dstl_client.handle import HandleEntry
+from dstl_client.core.errors import DstlError, ShuttingDown, UploadFailed
+from dstl_client.core.format import BuiltObject, build_object, encode_log_section
+from dstl_client.core.handle import HandleEntry
 from dstl_server.log import UploadTask
 from dstl_server.metrics import ServerMetrics
 from dstl_server.uploader import Uploader

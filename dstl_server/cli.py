@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any
 
-from dstl_client.errors import ConfigError
+from dstl_client.core.errors import ConfigError
 from dstl_server.settings import ServerSettings, env_name
 
 

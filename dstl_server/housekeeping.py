@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from dstl_client.errors import StorageError
+from dstl_client.core.errors import StorageError
 from dstl_server.metrics import ServerMetrics
 from dstl_server.storage.base import BlobStore
 

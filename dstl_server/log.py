@@ -6,7 +6,7 @@ import asyncio
 import uuid
 from dataclasses import dataclass, field
 
-from dstl_client.errors import (
+from dstl_client.core.errors import (
     CallLost,
     DstlError,
     InvalidArgument,
@@ -14,8 +14,8 @@ from dstl_client.errors import (
     SqnOutOfRange,
     WriterClosed,
 )
-from dstl_client.format import Changeset, PackedChanges
-from dstl_client.handle import HandleEntry
+from dstl_client.core.format import Changeset, PackedChanges
+from dstl_client.core.handle import HandleEntry
 
 INITIAL_SQN = 0
 

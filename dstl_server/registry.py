@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dstl_client.errors import (
+from dstl_client.core.errors import (
     ChangeTooLarge,
     DstlError,
     InvalidArgument,
@@ -17,10 +17,10 @@ from dstl_client.errors import (
     TooManyWriters,
     UploadFailed,
 )
-from dstl_client.format import Changeset, PackedChanges, check_packed
-from dstl_client.handle import ChangelogHandle, HandleEntry
+from dstl_client.core.format import Changeset, PackedChanges, check_packed
+from dstl_client.core.handle import ChangelogHandle, HandleEntry
+from dstl_client.core.keys import check_job_id
 from dstl_server.batching import BatchingScheduler
-from dstl_server.keys import check_job_id
 from dstl_server.log import PART_OVERHEAD_BYTES, UploadTask, WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.settings import ServerSettings

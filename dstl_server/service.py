@@ -1,7 +1,7 @@
 """The ``dstl.v1.Changelog`` gRPC service: protobuf in, registry calls, protobuf out.
 
 Errors are mapped to gRPC status codes here and only here: a
-:class:`~dstl_client.errors.DstlError` becomes its ``grpc_code`` with its
+:class:`~dstl_client.core.errors.DstlError` becomes its ``grpc_code`` with its
 message, and its ``kind`` travels in the ``dstl-error-kind`` trailer so the
 client raises the same class. Anything else is logged and becomes INTERNAL.
 """
@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
-from dstl_client._pb import dstl_pb2 as pb
-from dstl_client._pb import dstl_pb2_grpc as pb_grpc
-from dstl_client.errors import (
+from dstl_client.core._pb import dstl_pb2 as pb
+from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
+from dstl_client.core.errors import (
     Backpressure,
     DstlError,
     InvalidArgument,
@@ -29,11 +29,11 @@ from dstl_client.errors import (
     ShuttingDown,
     WriterFailed,
 )
-from dstl_client.format import MAX_PARTS_PER_REQUEST, PackedChanges
-from dstl_client.handle import ChangelogHandle
-from dstl_client.reader import HandleReader
+from dstl_client.core.format import MAX_PARTS_PER_REQUEST, PackedChanges
+from dstl_client.core.handle import ChangelogHandle
+from dstl_client.core.keys import check_job_id, check_key_of_job
+from dstl_client.core.reader import HandleReader
 from dstl_server.auth import Authenticator, Principal, check_job
-from dstl_server.keys import check_job_id, check_key_of_job
 from dstl_server.log import WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.registry import LogRegistry

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from dstl_client.errors import ConfigError
+from dstl_client.core.errors import ConfigError
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from dstl_client.errors import Backpressure
+from dstl_client.core.errors import Backpressure
 
 
 class MemoryBudget:

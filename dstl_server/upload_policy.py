@@ -17,7 +17,7 @@ from typing import Literal, cast
 
 from tenacity import AsyncRetrying, RetryCallState, wait_random_exponential
 
-from dstl_client.errors import DstlError, StorageError, TransientStorageError
+from dstl_client.core.errors import DstlError, StorageError, TransientStorageError
 from dstl_server.settings import ServerSettings
 
 HedgeMode = Literal["off", "fixed", "adaptive"]

@@ -21,9 +21,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from dstl_client.core.keys import new_object_key
 from dstl_server.discards import Attempt, LoserDiscarder
 from dstl_server.hedge_stats import HedgeBudget, LatencyTracker
-from dstl_server.keys import new_object_key
 from dstl_server.metrics import ServerMetrics, size_class
 from dstl_server.storage.base import BlobStore
 from dstl_server.upload_clock import Clock, Sleep, loop_time, wait_first, within

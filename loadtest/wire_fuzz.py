@@ -83,7 +83,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dstl_client import ChangelogClient, ChangelogHandle
-from dstl_client._pb import dstl_pb2 as pb
+from dstl_client.core._pb import dstl_pb2 as pb
 
 KiB = 1 << 10
 MiB = 1 << 20

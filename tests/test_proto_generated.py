@@ -1,4 +1,4 @@
-"""The checked-in gRPC code in dstl_client/_pb matches proto/ (``make proto``)."""
+"""The checked-in gRPC code in dstl_client/core/_pb matches proto/ (``make proto``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_generated_code_is_current() -> None:
 
 def test_check_detects_stale_code(tmp_path: Path) -> None:
     """The check is not vacuous: a proto change without regeneration fails it."""
-    for rel in ("tools/gen_proto.py", "dstl_client/_pb", "proto"):
+    for rel in ("tools/gen_proto.py", "dstl_client/core/_pb", "proto"):
         src, dst = ROOT / rel, tmp_path / rel
         if src.is_dir():
             shutil.copytree(src, dst)

@@ -1,4 +1,4 @@
-"""Regenerate (or check) the gRPC/protobuf code in dstl_client/_pb from proto/.
+"""Regenerate (or check) the gRPC/protobuf code in dstl_client/core/_pb from proto/.
 
 Usage: python tools/gen_proto.py [--check]
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
-OUT = ROOT / "dstl_client" / "_pb"
+OUT = ROOT / "dstl_client" / "core" / "_pb"
 PROTOS = ["dstl/v1/dstl.proto"]
 
 

@@ -42,7 +42,7 @@ from dstl_client.coordinator.metrics import CoordinatorMetrics
 from dstl_client.coordinator.records import CheckpointRecord, TaskResult, next_record
 from dstl_client.coordinator.registry import SharedStateRegistry
 from dstl_client.coordinator.storage import CheckpointStorage
-from dstl_client.errors import ConfigError, DstlError, InvalidArgument
+from dstl_client.core.errors import ConfigError, DstlError, InvalidArgument
 from dstl_client.keygroups import (
     DEFAULT_MAX_PARALLELISM,
     check_parallelism,
@@ -120,7 +120,7 @@ class CoordinatorConfig:
     fsync: bool = True
 
     def validate(self) -> None:
-        from dstl_server.keys import check_job_id
+        from dstl_client.core.keys import check_job_id
 
         try:
             check_job_id(self.job_id)
@@ -150,7 +150,7 @@ def blob_store_lister(storage_url: str) -> ObjectLister:
     """
 
     def lister(job_id: str) -> list[str]:
-        from dstl_server.keys import job_prefix
+        from dstl_client.core.keys import job_prefix
         from dstl_server.storage import open_store
 
         async def run() -> list[str]:

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dstl_client.errors import InvalidArgument
-from dstl_client.handle import ChangelogHandle
+from dstl_client.core.errors import InvalidArgument
+from dstl_client.core.handle import ChangelogHandle
 from dstl_client.keygroups import KeyGroupRange
 
 RECORD_FORMAT = 1

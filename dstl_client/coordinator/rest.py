@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from dstl_client.coordinator.coordinator import CheckpointCoordinator, ConfigUpdateInProgress
-from dstl_client.errors import ConfigError
+from dstl_client.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from dstl_client.coordinator.records import CheckpointRecord
-from dstl_client.errors import DstlError
+from dstl_client.core.errors import DstlError
 
 _NAME = re.compile(r"^ck-(\d{12})\.json$")
 

@@ -66,7 +66,7 @@ from dstl_client.coordinator.coordinator import (
 )
 from dstl_client.coordinator.records import TaskResult
 from dstl_client.coordinator.rest import CheckpointConfigServer
-from dstl_client.errors import ConfigError, DstlError
+from dstl_client.core.errors import ConfigError, DstlError
 from dstl_client.keygroups import DEFAULT_MAX_PARALLELISM, check_parallelism, partition_sql
 from dstl_client.state.subtask import BatchPlan, KeyedFunction, run_keyed
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
-from dstl_client.errors import InvalidArgument
+from dstl_client.core.errors import InvalidArgument
 from dstl_client.state.backend import KeyedStateBackend
 from dstl_client.state.changes import encode_element, iter_elements, map_prefix, state_prefix
 from dstl_client.state.serializers import Serializer

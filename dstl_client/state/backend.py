@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dstl_client.client import ChangelogWriter
-from dstl_client.errors import DstlError, KeyGroupOutOfRange, WriterFailed
+from dstl_client.core.errors import DstlError, KeyGroupOutOfRange, WriterFailed
 from dstl_client.keygroups import KeyGroupRange, key_bytes, key_group_of_bytes
 from dstl_client.state.changes import (
     OP_DELETE,
@@ -243,7 +243,7 @@ class ChangelogStateBackend(KeyedStateBackend):
         The changes are applied locally already. If the writer did not take
         them all (bad input part-way, a failed send), this task's log can no
         longer match its state: every later hand-over raises
-        :class:`~dstl_client.errors.WriterFailed`, even if the caller caught
+        :class:`~dstl_client.core.errors.WriterFailed`, even if the caller caught
         the first error, so the task fails and is retried from the last
         checkpoint.
         """

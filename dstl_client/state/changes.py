@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dstl_client.errors import CorruptObject, InvalidArgument
+from dstl_client.core.errors import CorruptObject, InvalidArgument
 from dstl_client.state.serializers import decode_varint, encode_varint
 
 OP_PUT = 1

@@ -13,7 +13,7 @@ import pickle
 import struct
 from typing import Any, Generic, Protocol, TypeVar
 
-from dstl_client.errors import InvalidArgument
+from dstl_client.core.errors import InvalidArgument
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)

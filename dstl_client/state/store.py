@@ -39,7 +39,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from dstl_client.errors import DstlError
+from dstl_client.core.errors import DstlError
 from dstl_client.keygroups import KeyGroupRange
 from dstl_client.state.changes import prefix_end
 

@@ -50,7 +50,7 @@ from typing import Any
 
 from dstl_client.client import ChangelogClient, ChangelogWriter
 from dstl_client.coordinator.records import NO_BATCH, CheckpointRecord, MatResult, TaskResult
-from dstl_client.errors import (
+from dstl_client.core.errors import (
     CallLost,
     ConfigError,
     CorruptObject,
@@ -58,7 +58,7 @@ from dstl_client.errors import (
     LogNotFound,
     WriterFailed,
 )
-from dstl_client.format import split_changes
+from dstl_client.core.format import split_changes
 from dstl_client.keygroups import KeyGroupRange, key_group_range_for_operator
 from dstl_client.state.api import KeyedContext
 from dstl_client.state.backend import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from dstl_client.errors import ConfigError
+from dstl_client.core.errors import ConfigError
 from dstl_server.storage.base import BlobInfo, BlobStore
 from dstl_server.storage.local import LocalBlobStore
 

@@ -14,7 +14,7 @@ Contract (checked by ``tests/dstl_server/storage/contract.py`` for every store):
   prefix is a string prefix; a "directory" is not an object (``get`` of it
   raises :class:`BlobNotFound`).
 * Keys are checked with :func:`validate_key`; a bad key raises
-  :class:`~dstl_client.errors.InvalidArgument` from ``put``, ``get`` and ``delete``.
+  :class:`~dstl_client.core.errors.InvalidArgument` from ``put``, ``get`` and ``delete``.
 * Errors are :class:`StorageError` subclasses; ``retryable`` says whether the
   same call may succeed when tried again.
 * ``probe`` returns when the store answers (a cheap round trip that also
@@ -97,7 +97,7 @@ class BlobStore(abc.ABC):
 
 def validate_key(key: str) -> None:
     """Keys are relative, '/'-separated, without empty, '.' or '..' parts."""
-    from dstl_client.errors import InvalidArgument
+    from dstl_client.core.errors import InvalidArgument
 
     if not key or key.startswith("/") or len(key) > 1024:
         raise InvalidArgument(f"bad object key {key!r}")

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from dstl_client.errors import BlobNotFound, StorageError
+from dstl_client.core.errors import BlobNotFound, StorageError
 from dstl_server.storage.base import BlobInfo, BlobStore, validate_key
 
 #: every file the store writes is first named ``.<name>.<random><_TMP_SUFFIX>``

@@ -4,17 +4,17 @@ Invariants:
 
 * Object ``key`` lives at ``<prefix>/<key>`` in the bucket (just ``<key>``
   without a prefix); :meth:`S3BlobStore.list` strips the prefix again. Keys
-  come from :mod:`dstl_server.keys` (per job, then a 2-hex hash), so requests
+  come from :mod:`dstl_client.core.keys` (per job, then a 2-hex hash), so requests
   spread over many S3 key prefixes.
 * ``put`` is one PutObject with a CRC32 checksum: S3 stores the whole object
   or nothing, and rejects a body damaged in transit (``BadDigest``). Over TLS
   botocore sends the checksum as an aws-chunked trailer.
 * botocore's own retries are off (one HTTP attempt per call): the sidecar's
   uploader owns retries and hedging and needs to see every failure at once.
-  Errors are mapped to :class:`~dstl_client.errors.StorageError` subclasses:
+  Errors are mapped to :class:`~dstl_client.core.errors.StorageError` subclasses:
   throttling, 5xx, connection errors and timeouts become
-  :class:`~dstl_client.errors.TransientStorageError` (retryable); a missing
-  object :class:`~dstl_client.errors.BlobNotFound`; credentials, permissions,
+  :class:`~dstl_client.core.errors.TransientStorageError` (retryable); a missing
+  object :class:`~dstl_client.core.errors.BlobNotFound`; credentials, permissions,
   a missing bucket and other 4xx a non-retryable ``StorageError``.
 * ``probe`` is one ListObjectsV2 of at most one key under the prefix, bounded
   by ``probe_timeout_s`` (it needs only the ListBucket permission the
@@ -30,7 +30,7 @@ Thread/task rules: one long-lived client with a bounded connection pool
 (``max_connections``) per store, created lazily by the first call on the
 running event loop. From then on the store belongs to that loop: any number of
 tasks on it may call concurrently; calls from another loop or thread raise
-:class:`~dstl_client.errors.StorageError`. :meth:`close` closes the pool; the
+:class:`~dstl_client.core.errors.StorageError`. :meth:`close` closes the pool; the
 store cannot be used after it.
 """
 
@@ -60,7 +60,7 @@ from botocore.exceptions import (
     SSLError,
 )
 
-from dstl_client.errors import (
+from dstl_client.core.errors import (
     BlobNotFound,
     ConfigError,
     InvalidArgument,
@@ -387,7 +387,7 @@ class S3BlobStore(BlobStore):
         """List at most one key under the prefix within ``probe_timeout_s``.
 
         A timeout or connection failure raises
-        :class:`~dstl_client.errors.TransientStorageError`; a missing bucket,
+        :class:`~dstl_client.core.errors.TransientStorageError`; a missing bucket,
         bad credentials or a denied listing a non-retryable ``StorageError``.
         """
         where = f"s3://{self.bucket}/{self.prefix + '/' if self.prefix else ''}"

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from dstl_client.client import ChangelogClient
-from dstl_client.errors import ConfigError, Unauthenticated
+from dstl_client.core.errors import ConfigError, Unauthenticated
 from dstl_server.auth import Authenticator
 from dstl_server.settings import ServerSettings, env_name
 from dstl_server.testing import ServerProcess

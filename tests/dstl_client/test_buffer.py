@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dstl_client._buffer import ChangeBuffer
-from dstl_client.errors import ChangeTooLarge, InvalidArgument, KeyGroupOutOfRange
-from dstl_client.format import PackedChanges, check_packed, pack_changes, split_changes
+from dstl_client.core.errors import ChangeTooLarge, InvalidArgument, KeyGroupOutOfRange
+from dstl_client.core.format import PackedChanges, check_packed, pack_changes, split_changes
 
 
 def test_drain_matches_pack_changes() -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dstl_client.errors import ConfigError, InvalidArgument
+from dstl_client.core.errors import ConfigError, InvalidArgument
 from dstl_client.keygroups import (
     KeyGroupRange,
     all_ranges,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dstl_client.client import REQUEST_MARGIN_BYTES, ChangelogClient, ChangelogWriter
-from dstl_client.errors import (
+from dstl_client.core.errors import (
     ChangeTooLarge,
     ConfigError,
     DstlError,

@@ -11,11 +11,11 @@ import heapq
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
-from dstl_client.errors import TransientStorageError
-from dstl_client.format import pack_changes
-from dstl_client.handle import ChangelogHandle
-from dstl_client.reader import HandleReader
-from dstl_server.keys import new_object_key
+from dstl_client.core.errors import TransientStorageError
+from dstl_client.core.format import pack_changes
+from dstl_client.core.handle import ChangelogHandle
+from dstl_client.core.keys import new_object_key
+from dstl_client.core.reader import HandleReader
 from dstl_server.metrics import ServerMetrics
 from dstl_server.registry import LogRegistry
 from dstl_server.settings import ServerSettings

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dstl_client.errors import ConfigError, PermissionDenied, Unauthenticated
+from dstl_client.core.errors import ConfigError, PermissionDenied, Unauthenticated
 from dstl_server.auth import ADMIN, Authenticator, Principal, check_job
 
 SECRET = "0123456789abcdef-a-strong-node-secret"

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from dstl_client.errors import ShuttingDown, UploadFailed
-from dstl_client.format import Changeset, pack_changes, parse_kg_block, parse_log_header
-from dstl_client.handle import HandleEntry
+from dstl_client.core.errors import ShuttingDown, UploadFailed
+from dstl_client.core.format import Changeset, pack_changes, parse_kg_block, parse_log_header
+from dstl_client.core.handle import HandleEntry
 from dstl_server.batching import BatchingScheduler
 from dstl_server.log import UploadTask, WriterLog
 from dstl_server.metrics import ServerMetrics

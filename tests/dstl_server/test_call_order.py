@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dstl_client.errors import CallLost, InvalidArgument, WriterFailed
+from dstl_client.core.errors import CallLost, InvalidArgument, WriterFailed
 from dstl_server.log import CallSequencer
 
 S1 = 11

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
-from dstl_client.errors import StorageError, TransientStorageError
+from dstl_client.core.errors import StorageError, TransientStorageError
 from dstl_server.hedging import HedgeBudget, LatencyTracker, make_uploader
 from dstl_server.metrics import ServerMetrics
 from dstl_server.settings import ServerSettings

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dstl_client.errors import StorageError, TransientStorageError
+from dstl_client.core.errors import StorageError, TransientStorageError
 from dstl_server.housekeeping import StoreHousekeeping
 from dstl_server.metrics import ServerMetrics
 from dstl_server.storage import LocalBlobStore

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from dstl_client.errors import KeyGroupOutOfRange, SqnOutOfRange, WriterClosed
-from dstl_client.format import pack_changes
-from dstl_client.handle import HandleEntry
+from dstl_client.core.errors import KeyGroupOutOfRange, SqnOutOfRange, WriterClosed
+from dstl_client.core.format import pack_changes
+from dstl_client.core.handle import HandleEntry
 from dstl_server.log import (
     INITIAL_SQN,
     PART_OVERHEAD_BYTES,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dstl_client.errors import (
+from dstl_client.core.errors import (
     Backpressure,
     ChangeTooLarge,
     InvalidArgument,
@@ -20,8 +20,8 @@ from dstl_client.errors import (
     UploadFailed,
     WriterClosed,
 )
-from dstl_client.format import PackedChanges, pack_changes, parse_object
-from dstl_client.handle import ChangelogHandle
+from dstl_client.core.format import PackedChanges, pack_changes, parse_object
+from dstl_client.core.handle import ChangelogHandle
 from dstl_server.log import PART_OVERHEAD_BYTES
 from tests.dstl_server._fakes import MemoryUploader, batch, read_handle, registry, sample
 

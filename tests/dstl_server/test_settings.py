@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dstl_client.errors import ConfigError
+from dstl_client.core.errors import ConfigError
 from dstl_server import cli
 from dstl_server.auth import Authenticator
 from dstl_server.settings import (

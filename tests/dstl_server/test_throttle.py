@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dstl_client.errors import Backpressure
+from dstl_client.core.errors import Backpressure
 from dstl_server.throttle import MemoryBudget
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dstl_client.errors import (
+from dstl_client.core.errors import (
     BlobNotFound,
     PermissionDenied,
     StorageError,

@@ -7,7 +7,7 @@ from pathlib import Path
 import grpc
 
 from dstl_client import ChangelogClient, ChangelogHandle, ChangelogWriter
-from dstl_client._pb import dstl_pb2_grpc as pb_grpc
+from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
 
 TMP_SUFFIX = ".tmp-dstl"
 

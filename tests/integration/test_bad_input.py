@@ -18,10 +18,10 @@ import grpc
 import pytest
 
 from dstl_client import ChangelogClient, ChangelogHandle, ChangelogWriter
-from dstl_client._pb import dstl_pb2 as pb
-from dstl_client._pb import dstl_pb2_grpc as pb_grpc
 from dstl_client._status import to_dstl_error
-from dstl_client.errors import (
+from dstl_client.core._pb import dstl_pb2 as pb
+from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
+from dstl_client.core.errors import (
     ChangeTooLarge,
     CorruptObject,
     DstlError,
@@ -33,7 +33,7 @@ from dstl_client.errors import (
     SqnOutOfRange,
     WriterClosed,
 )
-from dstl_client.handle import HandleEntry
+from dstl_client.core.handle import HandleEntry
 from dstl_server.testing import ServerProcess
 from tests.integration._helpers import Bystander, object_path, raw_stub, read_all
 

@@ -167,7 +167,7 @@ def test_settings_from_environment_reach_the_server(tmp_path: Path) -> None:
         ChangelogClient(proc.address) as client,
     ):
         w = client.create_writer(job_id="cli", operator_id="op", key_group_range=(0, 0))
-        from dstl_client.errors import ChangeTooLarge
+        from dstl_client.core.errors import ChangeTooLarge
 
         with pytest.raises(ChangeTooLarge, match="2048"):
             w.append(0, b"x" * 2049)

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dstl_client import ChangelogClient, ChangelogHandle
-from dstl_client.format import parse_object, verify_object
+from dstl_client.core.format import parse_object, verify_object
 from dstl_server.testing import ServerProcess
 from tests.integration._helpers import object_files, read_all
 

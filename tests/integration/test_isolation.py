@@ -18,7 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dstl_client import ChangelogClient, ChangelogHandle, ChangelogWriter
-from dstl_client.errors import PermissionDenied, Unauthenticated
+from dstl_client.core.errors import PermissionDenied, Unauthenticated
 from dstl_server.cli import main
 from dstl_server.testing import ServerProcess
 from tests.integration._helpers import object_files, object_path, read_all

@@ -14,9 +14,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from dstl_client import ChangelogClient
-from dstl_client._pb import dstl_pb2 as pb
-from dstl_client._pb import dstl_pb2_grpc as pb_grpc
-from dstl_client.errors import KeyGroupOutOfRange, SidecarUnavailable
+from dstl_client.core._pb import dstl_pb2 as pb
+from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
+from dstl_client.core.errors import KeyGroupOutOfRange, SidecarUnavailable
 from dstl_server.cli import main
 from dstl_server.testing import ServerProcess
 from tests.integration._helpers import object_files, read_all

@@ -20,10 +20,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dstl_client import ChangelogClient
-from dstl_client._pb import dstl_pb2 as pb
-from dstl_client._pb import dstl_pb2_grpc as pb_grpc
 from dstl_client._status import to_dstl_error
-from dstl_client.errors import (
+from dstl_client.core._pb import dstl_pb2 as pb
+from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
+from dstl_client.core.errors import (
     Backpressure,
     CallLost,
     DstlError,
@@ -34,7 +34,7 @@ from dstl_client.errors import (
     TooManyWriters,
     WriterFailed,
 )
-from dstl_client.format import MAX_PARTS_PER_REQUEST
+from dstl_client.core.format import MAX_PARTS_PER_REQUEST
 from dstl_server.testing import ServerProcess
 from tests.integration._helpers import Bystander, raw_stub
 

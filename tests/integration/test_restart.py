@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dstl_client import ChangelogClient, ChangelogHandle
-from dstl_client.errors import DstlError, LogNotFound, SidecarUnavailable, WriterFailed
+from dstl_client.core.errors import DstlError, LogNotFound, SidecarUnavailable, WriterFailed
 from dstl_server.testing import ServerProcess
 from tests.integration._helpers import object_files, read_all, temp_files
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from dstl_client import ChangelogClient, ChangelogHandle
-from dstl_client.errors import BlobNotFound, CorruptObject, LogNotFound
-from dstl_client.format import parse_object, verify_object
+from dstl_client.core.errors import BlobNotFound, CorruptObject, LogNotFound
+from dstl_client.core.format import parse_object, verify_object
 from dstl_server.app import DstlServer
 from dstl_server.log import PART_OVERHEAD_BYTES
 from dstl_server.testing import ServerProcess

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from dstl_client import ChangelogClient
-from dstl_client.errors import ShuttingDown
+from dstl_client.core.errors import ShuttingDown
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3
 from loadtest.s3fault import FaultProxyProcess

@@ -27,7 +27,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dstl_client import ChangelogClient
-from dstl_client.errors import DstlError
+from dstl_client.core.errors import DstlError
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3
 from loadtest.s3fault import FaultProxyProcess

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from dstl_client import ChangelogClient, ChangelogHandle, ChangelogWriter
-from dstl_client.errors import Backpressure, DstlError, UploadFailed, WriterFailed
+from dstl_client.core.errors import Backpressure, DstlError, UploadFailed, WriterFailed
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3
 from loadtest.s3fault import FaultProxyProcess

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from dstl_client.errors import BlobNotFound, StorageError, TransientStorageError
+from dstl_client.core.errors import BlobNotFound, StorageError, TransientStorageError
 from dstl_server.storage.s3 import S3BlobStore
 from dstl_server.testing_s3 import SeaweedS3
 from loadtest.s3fault import (

@@ -12,7 +12,7 @@ from dstl_client.coordinator.coordinator import (
     MaterializationFailed,
     blob_store_lister,
 )
-from dstl_client.errors import ConfigError, UploadFailed
+from dstl_client.core.errors import ConfigError, UploadFailed
 from dstl_server.testing import ServerProcess, scrape_metrics
 from tests.dstl_client.state._jobs import (
     final_state,

@@ -20,8 +20,8 @@ from dstl_client.coordinator.records import (
 )
 from dstl_client.coordinator.registry import SharedStateRegistry
 from dstl_client.coordinator.storage import CheckpointExists, CheckpointStorage
-from dstl_client.errors import InvalidArgument
-from dstl_client.handle import ChangelogHandle, HandleEntry
+from dstl_client.core.errors import InvalidArgument
+from dstl_client.core.handle import ChangelogHandle, HandleEntry
 
 MAX_P = 8
 

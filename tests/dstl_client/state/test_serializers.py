@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dstl_client.errors import CorruptObject, InvalidArgument
+from dstl_client.core.errors import CorruptObject, InvalidArgument
 from dstl_client.state import changes as ch
 from dstl_client.state.serializers import (
     BOOL,

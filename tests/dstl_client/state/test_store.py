@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dstl_client.errors import InvalidArgument, KeyGroupOutOfRange
+from dstl_client.core.errors import InvalidArgument, KeyGroupOutOfRange
 from dstl_client.keygroups import KeyGroupRange, key_group_for_key
 from dstl_client.state.api import KeyedContext
 from dstl_client.state.backend import KeyedStateBackend

@@ -16,7 +16,7 @@ import pytest
 
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.local import partition_rows
-from dstl_client.errors import DstlError, WriterFailed
+from dstl_client.core.errors import DstlError, WriterFailed
 from dstl_client.keygroups import key_group_range_for_operator
 from dstl_client.state.api import KeyedContext
 from dstl_client.state.serializers import STR

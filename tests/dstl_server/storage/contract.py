@@ -23,7 +23,7 @@ import uuid
 
 import pytest
 
-from dstl_client.errors import BlobNotFound, InvalidArgument
+from dstl_client.core.errors import BlobNotFound, InvalidArgument
 from dstl_server.storage.base import BlobInfo, BlobStore
 
 MiB = 1024 * 1024

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dstl_client.errors import BlobNotFound, ConfigError, StorageError
+from dstl_client.core.errors import BlobNotFound, ConfigError, StorageError
 from dstl_server.settings import ServerSettings
 from dstl_server.storage import LocalBlobStore, open_store
 from dstl_server.storage.base import BlobStore

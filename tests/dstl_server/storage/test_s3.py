@@ -28,7 +28,7 @@ from botocore.exceptions import (
 )
 
 from dstl_client import ChangelogClient
-from dstl_client.errors import (
+from dstl_client.core.errors import (
     BlobNotFound,
     ConfigError,
     StorageError,

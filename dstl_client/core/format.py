@@ -25,7 +25,7 @@ key-group index makes one key group's changes one contiguous byte range
 (``offset``, ``length`` of its kg_block), readable with a ranged GET.
 
 Every section is checksummed with CRC32C. A reader that finds a bad checksum
-or an inconsistent length raises :class:`~dstl_client.errors.CorruptObject`;
+or an inconsistent length raises :class:`~dstl_client.core.errors.CorruptObject`;
 it never returns data from a damaged section.
 
 The module is pure functions over bytes; it may be called from any thread.
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import crc32c as _crc32c
 
-from dstl_client.errors import CorruptObject
+from dstl_client.core.errors import CorruptObject
 
 FORMAT_VERSION = 1
 

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from dstl_client.errors import InvalidArgument, PermissionDenied
-from dstl_server.keys import check_job_id, check_key_of_job, job_prefix, new_object_key
+from dstl_client.core.errors import InvalidArgument, PermissionDenied
+from dstl_client.core.keys import check_job_id, check_key_of_job, job_prefix, new_object_key
 
 GOOD_JOBS = ["j", "job-1", "Job_2.attempt-3", "0abc", "a" * 128, "spark.app-20260101_0001"]
 BAD_JOBS = [

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from dstl_client._pb import dstl_pb2 as pb
-from dstl_client.errors import InvalidHandle
+from dstl_client.core._pb import dstl_pb2 as pb
+from dstl_client.core.errors import InvalidHandle
 
 HANDLE_VERSION = 1
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
-from dstl_client.errors import CorruptObject, InvalidArgument
-from dstl_client.format import (
+from dstl_client.core.errors import CorruptObject, InvalidArgument
+from dstl_client.core.format import (
     LOG_FIXED_SIZE,
     ChangesetView,
     log_header_length,
     parse_kg_block,
     parse_log_header,
 )
-from dstl_client.handle import ChangelogHandle, HandleEntry
+from dstl_client.core.handle import ChangelogHandle, HandleEntry
 
 Fetch = Callable[[str, int, int], Awaitable[bytes]]
 """``fetch(object_key, offset, length) -> bytes``: a ranged read."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from dstl_client.errors import InvalidArgument, PermissionDenied
+from dstl_client.core.errors import InvalidArgument, PermissionDenied
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 OBJECT_SUFFIX = ".dstl"

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstl_client._pb import dstl_pb2 as pb
-from dstl_client.errors import InvalidArgument, InvalidHandle
-from dstl_client.handle import (
+from dstl_client.core._pb import dstl_pb2 as pb
+from dstl_client.core.errors import InvalidArgument, InvalidHandle
+from dstl_client.core.handle import (
     HANDLE_VERSION,
     MAX_ENTRIES,
     MAX_KEY_GROUP,

@@ -8,9 +8,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pytest
 
-from dstl_client import reader as reader_mod
-from dstl_client.errors import CorruptObject, InvalidArgument
-from dstl_client.format import (
+from dstl_client.core import reader as reader_mod
+from dstl_client.core.errors import CorruptObject, InvalidArgument
+from dstl_client.core.format import (
     LOG_FIXED_SIZE,
     ChangesetView,
     EncodedSection,
@@ -19,9 +19,9 @@ from dstl_client.format import (
     log_header_length,
     pack_changes,
 )
-from dstl_client.format import Changeset as FormatChangeset
-from dstl_client.handle import ChangelogHandle, HandleEntry
-from dstl_client.reader import HandleReader
+from dstl_client.core.format import Changeset as FormatChangeset
+from dstl_client.core.handle import ChangelogHandle, HandleEntry
+from dstl_client.core.reader import HandleReader
 
 LOG = bytes(range(16))
 OTHER_LOG = b"\x99" * 16

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstl_client.errors import CorruptObject
-from dstl_client.format import (
+from dstl_client.core.errors import CorruptObject
+from dstl_client.core.format import (
     FORMAT_VERSION,
     OBJECT_HEADER_SIZE,
     BuiltObject,

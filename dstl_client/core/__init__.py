@@ -1,0 +1,8 @@
+"""The wire core: what the sidecar and every client share, and nothing else.
+
+``errors`` (the exception hierarchy and its gRPC codes), ``format`` (the object
+and log-section encoding), ``handle`` (handles and their codec), ``reader``
+(a handle back to changes), ``keys`` (object keys and job ids) and ``_pb``
+(the generated protobuf and gRPC code). It imports no other module of the
+project (an import-linter contract, run by ``make test``).
+"""
