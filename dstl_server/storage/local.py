@@ -13,11 +13,12 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+from dstl_client.core.atomic import TEMP_SUFFIX, write_replace
 from dstl_client.core.errors import BlobNotFound, StorageError
 from dstl_server.storage.base import BlobInfo, BlobStore, validate_key
 
 #: every file the store writes is first named ``.<name>.<random><_TMP_SUFFIX>``
-_TMP_SUFFIX = ".tmp-dstl"
+_TMP_SUFFIX = TEMP_SUFFIX
 #: name start of the files :meth:`LocalBlobStore.probe` writes (temp files too)
 _PROBE_PREFIX = ".dstl-probe."
 
@@ -54,28 +55,8 @@ class LocalBlobStore(BlobStore):
 
     def _put(self, path: Path, data: bytes) -> None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{_TMP_SUFFIX}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
-                if self._fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-            if self._fsync:
-                dfd = os.open(path.parent, os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
+            write_replace(path, data, fsync=self._fsync)
         except OSError as exc:
-            with contextlib.suppress(OSError, UnboundLocalError):
-                tmp.unlink(missing_ok=True)
             raise StorageError(f"write {path}: {exc}", retryable=True) from exc
 
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
