@@ -177,6 +177,9 @@ class ServerMetrics:
         )
         self.reads = Counter("dstl_read_requests", "ReadChanges calls", registry=r)
         self.read_bytes = Counter("dstl_read_bytes", "Bytes of objects read", registry=r)
+        self.list_requests = Counter(
+            "dstl_list_requests", "ListObjects calls (pages of a job's object listing)", registry=r
+        )
         self.discarded_objects = Counter(
             "dstl_discarded_objects", "Objects deleted by DiscardObjects or cleanup", registry=r
         )

@@ -1,4 +1,4 @@
-"""The log registry: every writer on this node, their SQNs, persists and uploads."""
+"""The log registry: every writer on this node, their SQNs, calls, persists and uploads."""
 
 from __future__ import annotations
 
@@ -17,15 +17,16 @@ from dstl_client.core.errors import (
     TooManyWriters,
     UploadFailed,
 )
-from dstl_client.core.format import Changeset, PackedChanges, check_packed
+from dstl_client.core.format import MAX_PARTS_PER_REQUEST, PackedChanges, check_packed
 from dstl_client.core.handle import ChangelogHandle, HandleEntry
 from dstl_client.core.keys import check_job_id
-from dstl_server.batching import BatchingScheduler
-from dstl_server.log import PART_OVERHEAD_BYTES, UploadTask, WriterLog
+from dstl_server.call_order import CallOrder
+from dstl_server.log import PART_OVERHEAD_BYTES, ChangePart, WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.settings import ServerSettings
 from dstl_server.throttle import MemoryBudget
 from dstl_server.uploader import Uploader
+from dstl_server.uploads import Uploads, UploadTask
 
 log = logging.getLogger(__name__)
 
@@ -33,23 +34,32 @@ _MAX_KEY_GROUP = 1 << 24
 
 
 @dataclass(frozen=True, slots=True)
-class PendingPersist:
-    """A persist between its synchronous part and its handle."""
+class _PendingPersist:
+    """A persist between the end of its turn and its handle."""
 
     log: WriterLog
     after: int
     to_sqn: int
-    parts: list[HandleEntry | UploadTask]
+    sections: list[HandleEntry | UploadTask]
     started: float
 
 
 class LogRegistry:
-    """All writers of this sidecar and the per-job upload schedulers.
+    """All writers of this sidecar, their calls in client order, and their uploads.
 
     Implements the FLIP-158 writer contract: SQNs are generated here;
     ``persist`` reuses sections already uploaded or uploading and uploads only
     what is new; ``truncate`` frees memory but never deletes an object (a
-    handle may reference it); ``close`` drops unpersisted changes.
+    handle may reference it); ``close_writer`` drops unpersisted changes.
+
+    The writer calls ``append``, ``persist``, ``truncate`` and
+    ``last_appended_sqn`` take the client's ``session`` and ``seq`` and run
+    in that order (:class:`~dstl_server.call_order.CallOrder`; ``seq == 0``
+    is unordered): everything a call validates or applies happens inside its
+    turn, and a call whose changes are refused there fails its session.
+    ``persist``'s turn ends once its changesets are queued for upload, so
+    later calls of the writer run while its uploads do. Memory is counted
+    once, by ``budget``; uploads are owned by ``uploads``.
 
     Event-loop only: every method runs on the server's loop.
     """
@@ -58,15 +68,23 @@ class LogRegistry:
         self, settings: ServerSettings, uploader: Uploader, metrics: ServerMetrics
     ) -> None:
         self.settings = settings
-        self.uploader = uploader
         self.metrics = metrics
         self._logs: dict[str, WriterLog] = {}
         self._writers_per_job: dict[str, int] = {}
-        self._schedulers: dict[str, BatchingScheduler] = {}
-        self._upload_slots = asyncio.Semaphore(settings.max_concurrent_uploads)
         self.budget = MemoryBudget(
-            settings.max_in_flight_bytes, settings.backpressure_timeout_s, self._relieve_pressure
+            settings.max_in_flight_bytes,
+            settings.backpressure_timeout_s,
+            self._relieve_pressure,
+            on_change=metrics.unuploaded_bytes.set,
         )
+        self.uploads = Uploads(
+            settings,
+            uploader,
+            metrics,
+            self.budget,
+            open_writers=lambda job_id: self._writers_per_job.get(job_id, 0),
+        )
+        self.order = CallOrder(settings.max_in_flight_bytes, settings.call_order_timeout_s, metrics)
         self._stopping = False
         #: persist calls waiting for their uploads right now
         self.waiting_persists = 0
@@ -83,24 +101,13 @@ class LogRegistry:
         wl.last_call = time.monotonic()
         return wl
 
+    def _open(self, log_id: str) -> WriterLog:
+        wl = self.get(log_id)
+        wl.check_open()
+        return wl
+
     def __len__(self) -> int:
         return len(self._logs)
-
-    def _scheduler(self, job_id: str) -> BatchingScheduler:
-        sch = self._schedulers.get(job_id)
-        if sch is None:
-            s = self.settings
-            sch = BatchingScheduler(
-                job_id,
-                persist_delay_s=s.persist_delay_ms / 1000.0,
-                size_threshold=s.batch_size_threshold,
-                uploader=self.uploader,
-                upload_slots=self._upload_slots,
-                metrics=self.metrics,
-                open_writers=lambda: self._writers_per_job.get(job_id, 0),
-            )
-            self._schedulers[job_id] = sch
-        return sch
 
     # ---------------------------------------------------------------- writers
     def create_writer(
@@ -143,16 +150,69 @@ class LogRegistry:
         )
         return wl
 
-    async def append(self, log_id: str, batches: Sequence[tuple[int, PackedChanges]]) -> int:
-        """Validate every batch first, then append them all (all or nothing)."""
+    # ---------------------------------------------------------------- ordered calls
+    async def append(
+        self, log_id: str, parts: Sequence[ChangePart], *, session: int = 0, seq: int = 0
+    ) -> int:
+        """Append a call's parts (all or nothing) in its turn; return their SQN."""
         wl = self.get(log_id)
-        wl.check_open()
+        async with self.order.turn(wl, session, seq, parts):
+            if not parts:
+                raise InvalidArgument("empty append batch")
+            with self.order.changes_land(wl, session, seq, parts):
+                return await self._append(log_id, parts)
+
+    async def last_appended_sqn(self, log_id: str, *, session: int = 0, seq: int = 0) -> int:
+        wl = self.get(log_id)
+        async with self.order.turn(wl, session, seq):
+            return self._open(log_id).rollover()
+
+    async def persist(
+        self,
+        log_id: str,
+        after: int,
+        parts: Sequence[ChangePart] = (),
+        *,
+        session: int = 0,
+        seq: int = 0,
+    ) -> ChangelogHandle:
+        """Durable handle for every change of the writer with SQN >= ``after``.
+
+        ``parts`` (the client's still-buffered changes) are appended first.
+        The turn ends when what is new is queued for upload: changes appended
+        by later calls are not in the handle, whatever happens while the
+        uploads run, and those calls need not wait for them.
+        """
+        wl = self.get(log_id)
+        async with self.order.turn(wl, session, seq, parts):
+            if parts:
+                with self.order.changes_land(wl, session, seq, parts):
+                    await self._append(log_id, parts)
+            pending = self._begin_persist(log_id, after)
+        return await self._await_handle(pending)
+
+    async def truncate(self, log_id: str, before: int, *, session: int = 0, seq: int = 0) -> None:
+        wl = self.get(log_id)
+        async with self.order.turn(wl, session, seq):
+            self.budget.release(self._open(log_id).truncate(before))
+
+    async def _append(self, log_id: str, parts: Sequence[ChangePart]) -> int:
+        """Validate every part first, then append them all (all or nothing)."""
+        if len(parts) > MAX_PARTS_PER_REQUEST:
+            raise InvalidArgument(
+                f"{len(parts)} key-group parts in one request (at most "
+                f"{MAX_PARTS_PER_REQUEST}): send the buffer in several requests"
+            )
+        wl = self._open(log_id)
+        if not parts:
+            raise InvalidArgument("empty append batch")
+        batches: list[tuple[int, PackedChanges]] = []
         nbytes = 0
         count = 0
         limit = self.settings.max_change_bytes
-        if not batches:
-            raise InvalidArgument("empty append batch")
-        for kg, packed in batches:
+        for part in parts:
+            kg = part.key_group
+            packed = PackedChanges(part.count, part.sizes, part.payload)
             wl.check_key_group(kg)
             try:
                 check_packed(packed, limit)
@@ -161,6 +221,7 @@ class LogRegistry:
                 raise cls(f"key group {kg}: {exc}") from None
             if packed.count == 0:
                 raise InvalidArgument(f"key group {kg}: a part must hold at least one change")
+            batches.append((kg, packed))
             nbytes += packed.nbytes + PART_OVERHEAD_BYTES
             count += packed.count
         if self.budget.over:
@@ -175,54 +236,39 @@ class LogRegistry:
         self.metrics.appended_bytes.inc(nbytes - PART_OVERHEAD_BYTES * len(batches))
         self.metrics.appended_changes.inc(count)
         self.metrics.append_requests.inc()
-        self.metrics.unuploaded_bytes.set(self.budget.used)
         threshold = self.settings.preemptive_persist_threshold
         if threshold and wl.active_bytes >= threshold:
-            self._upload_preemptively(wl)
+            self.uploads.preempt(wl)
         return sqn
 
-    def last_appended_sqn(self, log_id: str) -> int:
-        wl = self.get(log_id)
-        wl.check_open()
-        return wl.rollover()
-
-    async def persist(self, log_id: str, after: int) -> ChangelogHandle:
-        """Durable handle for every change of the writer with SQN >= ``after``."""
-        return await self.finish_persist(self.begin_persist(log_id, after))
-
-    def begin_persist(self, log_id: str, after: int) -> PendingPersist:
-        """The synchronous part: close the changeset, queue what is new, collect sections.
-
-        Changes appended after this call are not in the handle, whatever
-        happens while the uploads run.
-        """
+    def _begin_persist(self, log_id: str, after: int) -> _PendingPersist:
+        """Close the changeset, queue what is new, collect the sections (in the turn)."""
         started = time.perf_counter()
         self.metrics.persist_requests.inc()
         try:
-            wl = self.get(log_id)
-            wl.check_open()
+            wl = self._open(log_id)
             wl.check_persist_from(after)
             to_sqn = wl.rollover()
             new = wl.take_not_uploaded(after)
             if new:
-                self._submit(wl, new, preemptive=False)
-            parts = wl.sections_from(after)
+                self.uploads.start(wl, new, preemptive=False)
+            sections = wl.sections_from(after)
         except DstlError:
             self.metrics.persist_failures.inc()
             raise
-        return PendingPersist(wl, after, to_sqn, parts, started)
+        return _PendingPersist(wl, after, to_sqn, sections, started)
 
-    async def finish_persist(self, pending: PendingPersist) -> ChangelogHandle:
-        """Wait for the uploads the persist needs; build its handle."""
+    async def _await_handle(self, pending: _PendingPersist) -> ChangelogHandle:
+        """Wait for the uploads the persist needs; build its handle (after the turn)."""
         wl = pending.log
         self.waiting_persists += 1
         try:
             entries: list[HandleEntry] = []
-            for part in pending.parts:
-                if isinstance(part, UploadTask):
-                    entry = await asyncio.shield(part.future)
+            for section in pending.sections:
+                if isinstance(section, UploadTask):
+                    entry = await asyncio.shield(section.future)
                 else:
-                    entry = part
+                    entry = section
                 if not entries or entries[-1] != entry:
                     entries.append(entry)
             handle = ChangelogHandle(
@@ -243,14 +289,7 @@ class LogRegistry:
         self.metrics.persist_latency.observe(time.perf_counter() - pending.started)
         return handle
 
-    def truncate(self, log_id: str, before: int) -> None:
-        wl = self.get(log_id)
-        wl.check_open()
-        freed = wl.truncate(before)
-        if freed:
-            self.budget.release(freed)
-            self.metrics.unuploaded_bytes.set(self.budget.used)
-
+    # ---------------------------------------------------------------- unordered
     def close_writer(self, log_id: str) -> None:
         wl = self.get(log_id)
         del self._logs[log_id]
@@ -259,43 +298,15 @@ class LogRegistry:
             self._writers_per_job[wl.job_id] = n
         else:
             self._writers_per_job.pop(wl.job_id, None)
-        freed = wl.close()
-        if freed:
-            self.budget.release(freed)
+        self.budget.release(wl.close())
         self.metrics.writers.set(len(self._logs))
-        self.metrics.unuploaded_bytes.set(self.budget.used)
-
-    # ---------------------------------------------------------------- uploads
-    def _submit(self, wl: WriterLog, changesets: list[Changeset], preemptive: bool) -> UploadTask:
-        nbytes = sum(cs.nbytes for cs in changesets)
-        fut: asyncio.Future[HandleEntry] = asyncio.get_running_loop().create_future()
-        task = UploadTask(wl, changesets, changesets[-1].sqn + 1, nbytes, preemptive, fut)
-        wl.start_upload(task)
-        fut.add_done_callback(lambda f: self._on_uploaded(task, f))
-        self._scheduler(wl.job_id).submit(task)
-        return task
-
-    def _on_uploaded(self, task: UploadTask, fut: asyncio.Future[HandleEntry]) -> None:
-        ok = not fut.cancelled() and fut.exception() is None
-        freed = task.log.finish_upload(task, fut.result() if ok else None)
-        if freed:
-            self.budget.release(freed)
-        self.metrics.unuploaded_bytes.set(self.budget.used)
-
-    def _upload_preemptively(self, wl: WriterLog) -> None:
-        wl.rollover()
-        changesets = wl.take_not_uploaded(None)
-        if changesets:
-            self.metrics.preemptive_uploads.inc()
-            self._submit(wl, changesets, preemptive=True)
 
     def _relieve_pressure(self) -> None:
         """Memory is full: upload every writer's unpersisted changes now."""
         for wl in list(self._logs.values()):
             if wl.active_bytes or wl.not_uploaded:
-                self._upload_preemptively(wl)
-        for sch in self._schedulers.values():
-            sch.flush("pressure")
+                self.uploads.preempt(wl)
+        self.uploads.flush_all("pressure")
 
     # ---------------------------------------------------------------- expiry
     def expire_idle(self, now: float | None = None) -> int:
@@ -331,15 +342,10 @@ class LogRegistry:
         ``reason``) instead of a cancelled call; the caller reports the count.
         """
         waiting = self.waiting_persists
-        failure = ShuttingDown(reason)
-        for wl in self._logs.values():
-            for task in wl.uploading.values():
-                if not task.future.done():
-                    task.future.set_exception(failure)
+        self.uploads.abandon(ShuttingDown(reason))
         return waiting
 
     async def drain(self, timeout_s: float) -> bool:
         """Stop accepting writers; flush queues; wait for running uploads."""
         self._stopping = True
-        results = await asyncio.gather(*(s.drain(timeout_s) for s in self._schedulers.values()))
-        return all(results)
+        return await self.uploads.drain(timeout_s)

@@ -9,10 +9,9 @@ client raises the same class. Anything else is logged and becomes INTERNAL.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -21,28 +20,22 @@ from google.protobuf.message import DecodeError
 
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
-from dstl_client.core.errors import (
-    Backpressure,
-    DstlError,
-    InvalidArgument,
-    PermissionDenied,
-    ShuttingDown,
-    WriterFailed,
-)
-from dstl_client.core.format import MAX_PARTS_PER_REQUEST, PackedChanges
+from dstl_client.core.errors import DstlError, InvalidArgument, PermissionDenied, ShuttingDown
 from dstl_client.core.handle import ChangelogHandle
-from dstl_client.core.keys import check_job_id, check_key_of_job
+from dstl_client.core.keys import check_job_id, check_key_of_job, job_prefix
 from dstl_client.core.reader import HandleReader
 from dstl_server.auth import Authenticator, Principal, check_job
 from dstl_server.log import WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.registry import LogRegistry
-from dstl_server.storage.base import BlobStore
+from dstl_server.storage.base import BlobStore, validate_key
 
 log = logging.getLogger(__name__)
 
 ERROR_KIND_KEY = "dstl-error-kind"
 _MAX_DISCARD = 10_000
+#: keys a ListObjects call examines at most (its page size when the caller asks 0 or more)
+_MAX_LIST_PAGE = 1000
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -113,13 +106,13 @@ def _unary(
 class ChangelogService(pb_grpc.ChangelogServicer):
     """gRPC adapter over one :class:`LogRegistry` and its blob store.
 
-    Every call is first authorised against the job that *owns* what it names
-    (the writer of a log id, the job of a handle, the prefix of an object
-    key; see :mod:`dstl_server.auth`), then a writer's ordered calls run in
-    client order. A call carrying changes that is refused after it entered
-    the order fails its session (:class:`WriterFailed` for every later
-    call), so no later persist can return a handle that misses them.
-    Event-loop only.
+    Every call is decoded (undecodable bytes: INVALID_ARGUMENT), authorised
+    against the job that *owns* what it names (the writer of a log id, the
+    job of a handle, the prefix of an object key; see :mod:`dstl_server.auth`)
+    and handed to the registry, which runs a writer's calls in client order
+    (with their ``session``/``seq``); the answer is encoded, an error mapped
+    to its status once (:func:`_abort`). Draining: after ``stop_accepting``
+    new calls get ShuttingDown. Event-loop only.
     """
 
     def __init__(
@@ -138,8 +131,6 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         self.reader = HandleReader(self._fetch)
         self._accepting = True
         self._in_flight = 0
-        #: bytes of change-carrying calls waiting for an earlier call of their writer
-        self._parked_bytes = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -169,78 +160,6 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         wl = self.registry.get(log_id)
         check_job(principal, wl.job_id, admin_ok=admin_ok)
         return wl
-
-    @contextlib.asynccontextmanager
-    async def _in_order(
-        self,
-        wl: WriterLog,
-        session: int,
-        seq: int,
-        changes: Sequence[pb.KeyGroupChanges] = (),
-    ) -> AsyncIterator[None]:
-        """Run the ordered part of a writer's call after its earlier calls.
-
-        A call that has to wait for an earlier one holds its request in
-        memory before the budget sees it; those parked bytes are bounded by
-        ``max_in_flight_bytes`` over the node (a client keeps at most a few
-        calls of a writer in flight), past which the call is refused with
-        Backpressure and, as it carried changes, its session fails.
-        """
-        calls = wl.calls
-        parked = 0
-        expected = calls.next_seq if session == calls.session else 1
-        if changes and seq and seq != expected and len(changes) <= MAX_PARTS_PER_REQUEST:
-            parked = sum(len(c.sizes) + len(c.payload) for c in changes)
-            limit = self.registry.settings.max_in_flight_bytes
-            if self._parked_bytes + parked > limit:
-                refusal = Backpressure(
-                    f"call {seq} of writer {wl.log_id} must wait for an earlier call, and "
-                    f"waiting calls already hold {self._parked_bytes} bytes (limit {limit})"
-                )
-                calls.fail(session, WriterFailed(refusal.message))
-                self.metrics.sessions_failed.inc()
-                raise refusal
-            self._parked_bytes += parked
-            self.metrics.parked_bytes.set(self._parked_bytes)
-        try:
-            await calls.enter(session, seq, self.registry.settings.call_order_timeout_s)
-        finally:
-            if parked:
-                self._parked_bytes -= parked
-                self.metrics.parked_bytes.set(self._parked_bytes)
-        try:
-            yield
-        finally:
-            calls.leave(session, seq)
-
-    async def _append_or_fail(
-        self,
-        wl: WriterLog,
-        changes: Sequence[pb.KeyGroupChanges],
-        session: int,
-        seq: int,
-    ) -> int:
-        """Append a call's changes; if they are refused, fail the writer's session."""
-        try:
-            if len(changes) > MAX_PARTS_PER_REQUEST:
-                raise InvalidArgument(
-                    f"{len(changes)} key-group parts in one request (at most "
-                    f"{MAX_PARTS_PER_REQUEST}): send the buffer in several requests"
-                )
-            return await self.registry.append(wl.log_id, _batches(changes))
-        except BaseException as exc:
-            if seq and any(c.count for c in changes):
-                why = f"{exc.kind}: {exc.message}" if isinstance(exc, DstlError) else repr(exc)
-                wl.calls.fail(
-                    session,
-                    WriterFailed(
-                        f"call {seq} of writer {wl.log_id} carried changes and was refused "
-                        f"({why}); later calls are refused so that no handle misses them: "
-                        "recreate the writer and recover from the last checkpoint"
-                    ),
-                )
-                self.metrics.sessions_failed.inc()
-            raise
 
     def stop_accepting(self) -> None:
         """Refuse new calls with ShuttingDown; running ones go on."""
@@ -278,44 +197,44 @@ class ChangelogService(pb_grpc.ChangelogServicer):
     async def Append(
         self, request: pb.AppendRequest, context: grpc.aio.ServicerContext
     ) -> pb.AppendResponse:
-        wl = self._owned_log(context, request.log_id)
-        # Validation runs inside the ordered part, so a refused call still
-        # takes its turn and never leaves a gap in the writer's sequence.
-        async with self._in_order(wl, request.session, request.seq, request.changes):
-            if not request.changes:
-                raise InvalidArgument("empty append batch")
-            sqn = await self._append_or_fail(wl, request.changes, request.session, request.seq)
+        self._owned_log(context, request.log_id)
+        sqn = await self.registry.append(
+            request.log_id, request.changes, session=request.session, seq=request.seq
+        )
         return pb.AppendResponse(sqn=sqn)
 
     @_unary
     async def LastAppendedSqn(
         self, request: pb.LastAppendedSqnRequest, context: grpc.aio.ServicerContext
     ) -> pb.SqnResponse:
-        wl = self._owned_log(context, request.log_id)
-        async with self._in_order(wl, request.session, request.seq):
-            sqn = self.registry.last_appended_sqn(request.log_id)
+        self._owned_log(context, request.log_id)
+        sqn = await self.registry.last_appended_sqn(
+            request.log_id, session=request.session, seq=request.seq
+        )
         return pb.SqnResponse(sqn=sqn)
 
     @_unary
     async def PersistDurably(
         self, request: pb.PersistRequest, context: grpc.aio.ServicerContext
     ) -> pb.PersistResponse:
-        wl = self._owned_log(context, request.log_id)
-        async with self._in_order(wl, request.session, request.seq, request.changes):
-            if request.changes:
-                await self._append_or_fail(wl, request.changes, request.session, request.seq)
-            pending = self.registry.begin_persist(request.log_id, request.after)
-        # Later calls of the writer may go on while the uploads run.
-        handle = await self.registry.finish_persist(pending)
+        self._owned_log(context, request.log_id)
+        handle = await self.registry.persist(
+            request.log_id,
+            request.after,
+            request.changes,
+            session=request.session,
+            seq=request.seq,
+        )
         return pb.PersistResponse(handle=handle.to_proto())
 
     @_unary
     async def Truncate(
         self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext
     ) -> pb.TruncateResponse:
-        wl = self._owned_log(context, request.log_id)
-        async with self._in_order(wl, request.session, request.seq):
-            self.registry.truncate(request.log_id, request.before)
+        self._owned_log(context, request.log_id)
+        await self.registry.truncate(
+            request.log_id, request.before, session=request.session, seq=request.seq
+        )
         return pb.TruncateResponse()
 
     @_unary
@@ -372,9 +291,64 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         self.metrics.discarded_objects.inc(deleted)
         return pb.DiscardObjectsResponse(deleted=deleted)
 
+    @_unary
+    async def ListObjects(
+        self, request: pb.ListObjectsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListObjectsResponse:
+        """One page of the job's objects, in key order.
 
-def _batches(changes: Iterable[pb.KeyGroupChanges]) -> list[tuple[int, PackedChanges]]:
-    return [(c.key_group, PackedChanges(c.count, c.sizes, c.payload)) for c in changes]
+        Authorised like DiscardObjects: a job token lists only its own job,
+        the admin token any. Only keys under the job's prefix that have the
+        layout of the job's objects are returned (temp files of writes in
+        progress and anything else there are skipped). A call examines at
+        most ``page_size`` keys (0 or more than 1000: 1000), so a page may
+        hold fewer objects than that while more follow; the page token is
+        the last key examined, and the store lists from after it.
+        """
+        job_id = check_job_id(request.job_id)
+        check_job(self._principal(context), job_id)
+        self.metrics.list_requests.inc()
+        prefix = job_prefix(job_id)
+        token = request.page_token
+        if token:
+            try:
+                validate_key(token)
+            except InvalidArgument:
+                raise InvalidArgument(f"bad page token {token[:200]!r}") from None
+            if not token.startswith(prefix):
+                raise InvalidArgument(
+                    f"page token {token[:200]!r} is not one of job {job_id!r}'s listing"
+                )
+        page_size = min(request.page_size or _MAX_LIST_PAGE, _MAX_LIST_PAGE)
+        objects: list[pb.ObjectInfo] = []
+        examined = 0
+        last = ""
+        listing = self.store.list(prefix, start_after=token)
+        try:
+            async for info in listing:
+                examined += 1
+                last = info.key
+                try:
+                    check_key_of_job(job_id, info.key)
+                except PermissionDenied:
+                    pass  # not an object the sidecar wrote for the job: never listed
+                else:
+                    objects.append(
+                        pb.ObjectInfo(
+                            object_key=info.key,
+                            size=info.size,
+                            modified_unix_ms=max(0, int(info.modified * 1000)),
+                        )
+                    )
+                if examined >= page_size:
+                    break
+        finally:
+            aclose = getattr(listing, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        return pb.ListObjectsResponse(
+            objects=objects, next_page_token=last if examined >= page_size else ""
+        )
 
 
 def _safe_deserializer(cls: Any) -> Callable[[bytes], Any]:

@@ -9,21 +9,30 @@ from dstl_client.core.errors import Backpressure
 
 
 class MemoryBudget:
-    """Counts bytes appended and not yet uploaded, over every writer.
+    """Counts bytes appended and not yet uploaded, over every writer: the one count.
 
-    Invariant: ``used`` is the sum over writers of their active, queued and
-    uploading changes. ``acquire`` lets a caller in while ``used < limit``
-    (one request may overcommit, as Flink's UploadThrottle does, so a change
-    larger than the headroom never deadlocks) and otherwise waits, calling
-    ``on_pressure`` so queued changes get uploaded and memory frees up.
-    Event-loop only.
+    Invariant: ``used`` is the sum over writers of what they hold in memory,
+    as charged (data plus per-part overhead) by appends and not yet released
+    by an upload, a truncate or a close. ``acquire`` lets a caller in while
+    ``used < limit`` (one request may overcommit, as Flink's UploadThrottle
+    does, so a change larger than the headroom never deadlocks) and otherwise
+    waits, calling ``on_pressure`` so queued changes get uploaded and memory
+    frees up. ``on_change`` gets ``used`` after every change (the
+    ``dstl_unuploaded_bytes`` gauge). Event-loop only.
     """
 
-    def __init__(self, limit: int, timeout_s: float, on_pressure: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        limit: int,
+        timeout_s: float,
+        on_pressure: Callable[[], None],
+        on_change: Callable[[int], None] | None = None,
+    ) -> None:
         self.limit = limit
         self.timeout_s = timeout_s
         self.used = 0
         self._on_pressure = on_pressure
+        self._on_change = on_change
         self._cond = asyncio.Condition()
 
     @property
@@ -46,14 +55,21 @@ class MemoryBudget:
                         f"{self.used} bytes wait for upload (limit {self.limit}) for "
                         f"{self.timeout_s:.0f}s: the store is too slow or down"
                     ) from None
-        self.used += nbytes
+        self._add(nbytes)
         return waited
 
     def release(self, nbytes: int) -> None:
-        self.used -= nbytes
+        if not nbytes:
+            return
+        self._add(-nbytes)
         if self.used < self.limit:
             asyncio.get_running_loop().create_task(self._notify())
 
     async def _notify(self) -> None:
         async with self._cond:
             self._cond.notify_all()
+
+    def _add(self, nbytes: int) -> None:
+        self.used += nbytes
+        if self._on_change is not None:
+            self._on_change(self.used)

@@ -85,28 +85,28 @@ def run_dstl(
         q.stop()
     out = []
     for h in q.history[: args.batches]:
-        cp_s = h["checkpoint_s"] + (h["mat_max_s"] if full else 0.0)
-        cp_bytes = h["persisted_bytes"] + (h["mat_bytes"] if full else 0)
+        cp_s = h.checkpoint_s + (h.mat_max_s if full else 0.0)
+        cp_bytes = h.persisted_bytes + (h.mat_bytes if full else 0)
         out.append(
             {
-                "batch": h["batch_id"],
+                "batch": h.batch_id,
                 "checkpoint_ms": round(cp_s * 1000, 1),
                 "checkpoint_bytes": cp_bytes,
-                "state_bytes": h["state_bytes"],
-                "batch_ms": round(h.get("batch_s", 0.0) * 1000, 1),
-                "materialized": h["materialized"],
-                "mat_ms": round(h["mat_max_s"] * 1000, 1),
-                "mat_bytes": h["mat_bytes"],
+                "state_bytes": h.state_bytes,
+                "batch_ms": round((h.batch_s or 0.0) * 1000, 1),
+                "materialized": h.materialized,
+                "mat_ms": round(h.mat_max_s * 1000, 1),
+                "mat_bytes": h.mat_bytes,
             }
         )
         mat = (
-            f", materialized {h['mat_bytes'] / 1e6:.1f} MB in {h['mat_max_s'] * 1000:.0f} ms"
-            if h["materialized"] and not full
+            f", materialized {h.mat_bytes / 1e6:.1f} MB in {h.mat_max_s * 1000:.0f} ms"
+            if h.materialized and not full
             else ""
         )
         print(
-            f"  {name} batch {h['batch_id']}: checkpoint {out[-1]['checkpoint_ms']} ms "
-            f"{cp_bytes / 1e6:.2f} MB, state {h['state_bytes'] / 1e6:.1f} MB, "
+            f"  {name} batch {h.batch_id}: checkpoint {out[-1]['checkpoint_ms']} ms "
+            f"{cp_bytes / 1e6:.2f} MB, state {h.state_bytes / 1e6:.1f} MB, "
             f"batch {out[-1]['batch_ms']} ms{mat}",
             flush=True,
         )

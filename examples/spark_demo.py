@@ -94,7 +94,6 @@ def run_job(args: argparse.Namespace) -> int:
         job_id=args.job_id,
         dstl_address=args.address,
         state_dir=args.state_dir,
-        storage_url=args.storage_url,
         materialize_interval_s=args.materialize_interval,
         metrics_port=0,
     )
@@ -109,7 +108,8 @@ def run_job(args: argparse.Namespace) -> int:
         while q.last_batch_id < args.batches - 1:
             q.wait_for_batch(q.last_batch_id + 1, timeout_s=600)
             with history.open("a") as f:
-                for h in q.history[seen:]:
+                for stats in q.history[seen:]:
+                    h = stats.to_json()
                     f.write(
                         json.dumps({**h, "run": args.run, "parallelism": args.parallelism}) + "\n"
                     )
@@ -144,7 +144,6 @@ def _line(h: dict[str, Any]) -> str:
 def _job_cmd(args: argparse.Namespace, **over: Any) -> list[str]:
     opts = {
         "address": args.address,
-        "storage-url": args.storage_url,
         "input-dir": args.input_dir,
         "batches": args.batches,
         "rows-per-batch": args.rows_per_batch,
@@ -206,7 +205,6 @@ def run_demo(args: argparse.Namespace) -> int:
     write_input(Path(args.input_dir), args.batches, args.rows_per_batch, args.keys)
     with ServerProcess(work / "sidecar") as sidecar:
         args.address = sidecar.address
-        args.storage_url = sidecar.storage
         print(
             f"sidecar pid {sidecar.proc.pid if sidecar.proc else '?'} at {sidecar.address}, storage {sidecar.storage}"
         )
@@ -340,7 +338,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint-dir", default="")
     p.add_argument("--state-dir", default="")
     p.add_argument("--address", default="")
-    p.add_argument("--storage-url", default="")
     p.add_argument("--input-dir", default="")
     args = p.parse_args(argv)
     if args.role == "job":

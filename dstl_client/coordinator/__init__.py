@@ -1,7 +1,13 @@
 """The driver side: checkpoint records, the shared state registry, the coordinator.
 
-Names are imported lazily: tasks import :mod:`dstl_client.coordinator.records`
+Names are imported lazily: tasks import :mod:`dstl_client.coordinator.messages`
 without pulling in the driver's modules (and without an import cycle).
+
+Module map (one role each): :mod:`.messages` (what driver and tasks
+exchange), :mod:`.records`, :mod:`.storage`, :mod:`.registry`,
+:mod:`.config`, :mod:`.batches`, :mod:`.retention`, :mod:`.cleanup`,
+:mod:`.watchdog`, :mod:`.overrides`, :mod:`.stats`, :mod:`.metrics`,
+:mod:`.coordinator` (sequences them), :mod:`.rest`, :mod:`.local`.
 """
 
 from __future__ import annotations
@@ -10,34 +16,46 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from dstl_client.coordinator.batches import IncompleteBatch as IncompleteBatch
+    from dstl_client.coordinator.batches import MaterializationFailed as MaterializationFailed
+    from dstl_client.coordinator.cleanup import OrphanSweeper as OrphanSweeper
+    from dstl_client.coordinator.config import CheckpointSettings as CheckpointSettings
+    from dstl_client.coordinator.config import CoordinatorConfig as CoordinatorConfig
     from dstl_client.coordinator.coordinator import (
         CheckpointCoordinator as CheckpointCoordinator,
     )
-    from dstl_client.coordinator.coordinator import (
-        CoordinatorConfig as CoordinatorConfig,
-    )
-    from dstl_client.coordinator.coordinator import (
-        MaterializationFailed as MaterializationFailed,
-    )
-    from dstl_client.coordinator.coordinator import (
-        blob_store_lister as blob_store_lister,
+    from dstl_client.coordinator.messages import BatchPlan as BatchPlan
+    from dstl_client.coordinator.messages import MatResult as MatResult
+    from dstl_client.coordinator.messages import TaskResult as TaskResult
+    from dstl_client.coordinator.messages import TaskStats as TaskStats
+    from dstl_client.coordinator.overrides import (
+        ConfigUpdateInProgress as ConfigUpdateInProgress,
     )
     from dstl_client.coordinator.records import CheckpointRecord as CheckpointRecord
-    from dstl_client.coordinator.records import TaskResult as TaskResult
     from dstl_client.coordinator.registry import SharedStateRegistry as SharedStateRegistry
+    from dstl_client.coordinator.stats import CheckpointStats as CheckpointStats
     from dstl_client.coordinator.storage import CheckpointExists as CheckpointExists
     from dstl_client.coordinator.storage import CheckpointStorage as CheckpointStorage
+    from dstl_client.coordinator.watchdog import CheckpointTimedOut as CheckpointTimedOut
 
 _WHERE = {
+    "IncompleteBatch": "batches",
+    "MaterializationFailed": "batches",
+    "OrphanSweeper": "cleanup",
+    "CheckpointSettings": "config",
+    "CoordinatorConfig": "config",
     "CheckpointCoordinator": "coordinator",
-    "CoordinatorConfig": "coordinator",
-    "MaterializationFailed": "coordinator",
-    "blob_store_lister": "coordinator",
+    "BatchPlan": "messages",
+    "MatResult": "messages",
+    "TaskResult": "messages",
+    "TaskStats": "messages",
+    "ConfigUpdateInProgress": "overrides",
     "CheckpointRecord": "records",
-    "TaskResult": "records",
     "SharedStateRegistry": "registry",
+    "CheckpointStats": "stats",
     "CheckpointExists": "storage",
     "CheckpointStorage": "storage",
+    "CheckpointTimedOut": "watchdog",
 }
 
 __all__ = sorted(_WHERE)

@@ -13,10 +13,12 @@ from typing import Any
 
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
-from dstl_client.coordinator.records import CheckpointRecord, TaskResult
+from dstl_client.coordinator.messages import BatchPlan, TaskResult
+from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.keygroups import KeyGroupRange, key_group_for_key
+from dstl_client.state.restore import restore_range
 from dstl_client.state.store import LocalKeyedStore, read_all_rows
-from dstl_client.state.subtask import BatchPlan, KeyedFunction, restore_range, run_keyed
+from dstl_client.state.subtask import KeyedFunction, run_keyed
 
 
 def partition_rows(
@@ -32,7 +34,10 @@ def partition_rows(
 
 
 class LocalRunner:
-    """Drives one :class:`CheckpointCoordinator` and runs its tasks in-process."""
+    """Drives one :class:`CheckpointCoordinator` and runs its tasks in-process.
+
+    Thread: the caller's (one batch at a time, like a ``foreachBatch`` thread).
+    """
 
     def __init__(
         self,

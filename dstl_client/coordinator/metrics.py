@@ -12,12 +12,18 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from dstl_client.coordinator.stats import CheckpointStats
+
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _BYTES = tuple(float(4**i * 1024) for i in range(12))
 
 
 class CoordinatorMetrics:
-    """Checkpoint, materialization, recovery and cleanup figures of one job."""
+    """Checkpoint, materialization, recovery and cleanup figures of one job.
+
+    Thread: any (prometheus-client's metrics are thread-safe; the HTTP
+    server runs on its own thread).
+    """
 
     def __init__(self, job_id: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -77,6 +83,27 @@ class CoordinatorMetrics:
         self.rows = counter("dstl_rows", "Input rows processed.")
         self._server: Any = None
         self._lock = threading.Lock()
+
+    def observe_checkpoint(self, stats: CheckpointStats, materialization: bool | None) -> None:
+        """A recorded checkpoint; ``materialization``: None if none was planned, else success."""
+        self.checkpoints.inc()
+        self.last_batch.set(stats.batch_id)
+        self.checkpoint_duration.observe(stats.checkpoint_s)
+        self.checkpoint_bytes.observe(stats.persisted_bytes)
+        self.state_bytes.set(stats.state_bytes)
+        self.checkpoint_size.set(stats.checkpoint_size_bytes)
+        self.segments.set(stats.segments)
+        self.rows.inc(stats.rows)
+        self.restores.inc(stats.restored_subtasks)
+        self.discarded_objects.inc(stats.discarded_objects)
+        if stats.batch_s is not None:
+            self.batch_duration.observe(stats.batch_s)
+        if materialization is True:
+            self.materializations.inc()
+            self.materialization_duration.observe(stats.mat_max_s)
+            self.materialization_bytes.observe(stats.mat_bytes)
+        elif materialization is False:
+            self.materialization_failures.inc()
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Expose ``/metrics`` on ``host:port`` (0 = any free port); returns the port."""

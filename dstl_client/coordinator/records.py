@@ -1,4 +1,4 @@
-"""Checkpoint records and task results: what tasks report and what the driver keeps.
+"""Checkpoint records: what the driver keeps of each checkpoint.
 
 A checkpoint is one micro-batch. Its record (JSON, written once, never
 overwritten) says, for the whole keyed operator:
@@ -24,26 +24,22 @@ state registry.
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dstl_client.coordinator.codec import handle_from_text, handle_to_text
+from dstl_client.coordinator.stats import CheckpointStats
 from dstl_client.core.errors import InvalidArgument
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.keygroups import KeyGroupRange
 
+if TYPE_CHECKING:
+    from dstl_client.coordinator.messages import TaskResult
+
 RECORD_FORMAT = 1
 NO_BATCH = -1
-
-
-def _h2s(handle: ChangelogHandle) -> str:
-    return base64.b64encode(handle.to_bytes()).decode("ascii")
-
-
-def _s2h(text: str) -> ChangelogHandle:
-    return ChangelogHandle.from_bytes(base64.b64decode(text))
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +125,8 @@ class CheckpointRecord:
     segments: tuple[Segment, ...] = ()
     source_progress: Any = None
     created_unix: float = 0.0
-    stats: dict[str, Any] = field(default_factory=dict)
+    #: the checkpoint's figures as known when the record was written
+    stats: CheckpointStats | None = None
 
     # ------------------------------------------------------------ queries
     def object_keys(self) -> set[str]:
@@ -178,9 +175,11 @@ class CheckpointRecord:
             "source_progress": self.source_progress,
             "subtasks": [[s.index, s.first, s.last, s.attempt] for s in self.subtasks],
             "kg_map": [[e.first, e.last, e.part, e.batch] for e in self.kg_map],
-            "parts": {pid: _h2s(h) for pid, h in sorted(self.parts.items())},
-            "segments": [[s.batch, s.first, s.last, _h2s(s.handle)] for s in self.segments],
-            "stats": self.stats,
+            "parts": {pid: handle_to_text(h) for pid, h in sorted(self.parts.items())},
+            "segments": [
+                [s.batch, s.first, s.last, handle_to_text(s.handle)] for s in self.segments
+            ],
+            "stats": None if self.stats is None else self.stats.to_json(),
         }
 
     def to_bytes(self) -> bytes:
@@ -200,13 +199,14 @@ class CheckpointRecord:
                 SubtaskInfo(int(i), int(f), int(la), a) for i, f, la, a in doc["subtasks"]
             ),
             kg_map=tuple(MatEntry(int(f), int(la), p, int(b)) for f, la, p, b in doc["kg_map"]),
-            parts={pid: _s2h(h) for pid, h in doc["parts"].items()},
+            parts={pid: handle_from_text(h) for pid, h in doc["parts"].items()},
             segments=tuple(
-                Segment(int(b), int(f), int(la), _s2h(h)) for b, f, la, h in doc["segments"]
+                Segment(int(b), int(f), int(la), handle_from_text(h))
+                for b, f, la, h in doc["segments"]
             ),
             source_progress=doc.get("source_progress"),
             created_unix=float(doc.get("created_unix", 0.0)),
-            stats=dict(doc.get("stats") or {}),
+            stats=CheckpointStats.from_json(doc["stats"]) if doc.get("stats") else None,
         )
 
     @classmethod
@@ -216,104 +216,6 @@ class CheckpointRecord:
         except ValueError as exc:
             raise InvalidArgument(f"checkpoint record is not JSON: {exc}") from None
         return cls.from_json(doc)
-
-
-@dataclass(frozen=True, slots=True)
-class MatResult:
-    """What one subtask materialized: its state as of ``batch``.
-
-    ``uploaded`` key groups are in ``part``; ``cleared`` ones changed and are
-    now empty; the others of the range did not change and are re-referenced.
-    """
-
-    batch: int
-    part: ChangelogHandle | None
-    uploaded: tuple[int, ...]
-    cleared: tuple[int, ...]
-    full: bool = False
-
-    @property
-    def part_id(self) -> str | None:
-        return None if self.part is None else self.part.log_id
-
-
-@dataclass(frozen=True, slots=True)
-class TaskResult:
-    """What one subtask reports for one batch (travels as JSON bytes)."""
-
-    index: int
-    first: int
-    last: int
-    batch_id: int
-    attempt: str
-    changelog: ChangelogHandle | None
-    mat: MatResult | None = None
-    mat_error: str = ""
-    stats: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def kg_range(self) -> KeyGroupRange:
-        return KeyGroupRange(self.first, self.last)
-
-    def object_keys(self) -> set[str]:
-        keys: set[str] = set()
-        if self.changelog is not None:
-            keys.update(self.changelog.object_keys)
-        if self.mat is not None and self.mat.part is not None:
-            keys.update(self.mat.part.object_keys)
-        return keys
-
-    def to_bytes(self) -> bytes:
-        mat = None
-        if self.mat is not None:
-            m = self.mat
-            mat = {
-                "batch": m.batch,
-                "part": None if m.part is None else _h2s(m.part),
-                "uploaded": list(m.uploaded),
-                "cleared": list(m.cleared),
-                "full": m.full,
-            }
-        doc = {
-            "index": self.index,
-            "first": self.first,
-            "last": self.last,
-            "batch_id": self.batch_id,
-            "attempt": self.attempt,
-            "changelog": None if self.changelog is None else _h2s(self.changelog),
-            "mat": mat,
-            "mat_error": self.mat_error,
-            "stats": self.stats,
-        }
-        return json.dumps(doc, separators=(",", ":")).encode("utf-8")
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> TaskResult:
-        try:
-            doc = json.loads(data)
-        except ValueError as exc:
-            raise InvalidArgument(f"task result is not JSON: {exc}") from None
-        m = doc.get("mat")
-        mat = None
-        if m is not None:
-            mat = MatResult(
-                int(m["batch"]),
-                None if m["part"] is None else _s2h(m["part"]),
-                tuple(m["uploaded"]),
-                tuple(m["cleared"]),
-                bool(m.get("full", False)),
-            )
-        return cls(
-            index=int(doc["index"]),
-            first=int(doc["first"]),
-            last=int(doc["last"]),
-            batch_id=int(doc["batch_id"]),
-            attempt=str(doc["attempt"]),
-            changelog=None if doc["changelog"] is None else _s2h(doc["changelog"]),
-            mat=mat,
-            mat_error=str(doc.get("mat_error") or ""),
-            stats=dict(doc.get("stats") or {}),
-        )
 
 
 def next_record(
@@ -327,7 +229,7 @@ def next_record(
     results: Iterable[TaskResult],
     source_progress: Any = None,
     created_unix: float = 0.0,
-    stats: dict[str, Any] | None = None,
+    stats: CheckpointStats | None = None,
 ) -> CheckpointRecord:
     """The record of ``batch_id``: ``prev`` plus the batch's task results.
 
@@ -381,5 +283,5 @@ def next_record(
         segments=tuple(sorted(kept, key=lambda s: (s.batch, s.first))),
         source_progress=source_progress,
         created_unix=created_unix,
-        stats=dict(stats or {}),
+        stats=stats,
     )

@@ -15,7 +15,14 @@ from collections.abc import Iterable
 
 
 class SharedStateRegistry:
-    """Reference counts of objects by the checkpoints that use them. Not thread-safe."""
+    """Reference counts of objects by the checkpoints that use them.
+
+    Invariants: a checkpoint is registered at most once; an object's count is
+    the number of registered checkpoints referring to it, and an object is
+    returned as unused exactly when its count reaches zero. Not thread-safe:
+    its owner (:class:`~dstl_client.coordinator.retention.RetainedCheckpoints`)
+    calls it under the coordinator's lock.
+    """
 
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}

@@ -25,7 +25,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from dstl_client.coordinator.coordinator import CheckpointCoordinator, ConfigUpdateInProgress
+from dstl_client.coordinator.coordinator import CheckpointCoordinator
+from dstl_client.coordinator.overrides import ConfigUpdateInProgress
 from dstl_client.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,14 @@ _MAX_BODY = 64 * 1024
 
 
 class CheckpointConfigServer:
-    """An HTTP endpoint for the coordinators of this driver (one per job id)."""
+    """An HTTP endpoint for the coordinators of this driver (one per job id).
+
+    Invariants: a request reaches only the coordinator registered under the
+    job id of its path; an update is validated before anything is persisted.
+    Threads: requests run on the server's handler threads (one per request);
+    :meth:`register`, :meth:`unregister` and :meth:`close` from any thread
+    (the job table is guarded by a lock; coordinators are thread-safe).
+    """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._jobs: dict[str, CheckpointCoordinator] = {}

@@ -1,11 +1,13 @@
 """Where checkpoint records live: a directory, one file per checkpoint.
 
-``<checkpoint_dir>/dstl/checkpoints/ck-<batch id, 12 digits>.json``. A record
-is written to a unique temp file, fsynced, then *hard-linked* to its final
-name: ``link`` fails when the name exists, so a record is never overwritten
-(a second write for the same batch raises :class:`CheckpointExists`), and a
-reader sees either no record or a complete one. The directory is fsynced
-after the link and after deletions.
+``<records dir>/ck-<batch id, 12 digits>.json`` (see
+:attr:`~dstl_client.coordinator.config.CoordinatorConfig.records_dir`). A
+record is written with :func:`dstl_client.core.atomic.write_once`: a unique
+temp file, fsynced, then *hard-linked* to its final name; ``link`` fails when
+the name exists, so a record is never overwritten (a second write for the
+same batch raises :class:`CheckpointExists`), and a reader sees either no
+record or a complete one. The directory is fsynced after the link and after
+deletions.
 
 The directory must be a local or shared POSIX file system (like Spark's own
 ``checkpointLocation``); the state objects themselves are in the sidecar's
@@ -17,10 +19,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import uuid
 from pathlib import Path
 
 from dstl_client.coordinator.records import CheckpointRecord
+from dstl_client.core.atomic import fsync_dir, is_temp_name, write_once
 from dstl_client.core.errors import DstlError
 
 _NAME = re.compile(r"^ck-(\d{12})\.json$")
@@ -34,7 +36,13 @@ class CheckpointExists(DstlError):
 
 
 class CheckpointStorage:
-    """Atomic, write-once checkpoint records in a directory."""
+    """Atomic, write-once checkpoint records in a directory.
+
+    Invariants: a record file, once there, is complete and never changes
+    until it is deleted; temp files are never listed as records. Not
+    thread-safe by itself: the coordinator calls it under its lock (readers
+    in other processes are safe, they see whole records or none).
+    """
 
     def __init__(self, directory: str | Path, *, fsync: bool = True) -> None:
         self.directory = Path(directory)
@@ -62,28 +70,8 @@ class CheckpointStorage:
     def write(self, record: CheckpointRecord) -> Path:
         """Write a new record; :class:`CheckpointExists` if its batch has one."""
         final = self.path_of(record.batch_id)
-        tmp = self.directory / f".tmp-{uuid.uuid4().hex}"
-        data = record.to_bytes()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if self._fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.link(tmp, final)
-            except FileExistsError:
-                raise CheckpointExists(
-                    f"checkpoint record of batch {record.batch_id} exists: {final}"
-                ) from None
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        self._sync_dir()
+        if not write_once(final, record.to_bytes(), fsync=self._fsync):
+            raise CheckpointExists(f"checkpoint record of batch {record.batch_id} exists: {final}")
         return final
 
     def delete(self, batch_id: int) -> None:
@@ -92,20 +80,15 @@ class CheckpointStorage:
         self._sync_dir()
 
     def remove_temp_files(self) -> int:
-        """Temp files of writes a crash interrupted."""
+        """Temp files of writes a crash interrupted (and of older versions, ``.tmp-*``)."""
         n = 0
         for name in os.listdir(self.directory):
-            if name.startswith(".tmp-"):
+            if is_temp_name(name) or name.startswith(".tmp-"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.directory / name)
                     n += 1
         return n
 
     def _sync_dir(self) -> None:
-        if not self._fsync:
-            return
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if self._fsync:
+            fsync_dir(self.directory)

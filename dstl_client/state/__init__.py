@@ -13,7 +13,10 @@ How the pieces fit (one keyed operator of a Spark job):
   DSTL (the changelog backend), tagged with its key group.
 * :mod:`.subtask`: one task of one batch: bring the store to the last
   checkpoint (merge, drop or restore), materialize if asked, run the user
-  function, persist, commit.
+  function, persist, commit; with :mod:`.restore` (rebuild a range from a
+  checkpoint), :mod:`.materialize` (upload a snapshot in the background),
+  :mod:`.clients` (the process's sidecar client, ``DSTL_ADDRESS`` /
+  ``DSTL_TOKEN`` / ``DSTL_CA_FILE``) and :mod:`.store_dirs` (store layout, locks).
 
 **Where materialized state goes.** A materialization is a snapshot of the key
 groups changed since their last materialization, written *through the

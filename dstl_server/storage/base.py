@@ -10,9 +10,14 @@ Contract (checked by ``tests/dstl_server/storage/contract.py`` for every store):
   raises :class:`BlobNotFound`.
 * ``delete`` of missing keys is not an error; it returns how many existed
   where the store can tell (otherwise how many it was asked to delete).
-* ``list`` yields every key under a prefix with its size, in key order. A
+* ``list`` yields every key under a prefix with its size and modification
+  time (unix seconds: a file's mtime, S3's LastModified), in key order. A
   prefix is a string prefix; a "directory" is not an object (``get`` of it
-  raises :class:`BlobNotFound`).
+  raises :class:`BlobNotFound`). With ``start_after`` only keys greater than
+  it (string order) are yielded, so a caller pages through a large listing
+  without the store listing the earlier keys again (S3's ``StartAfter``).
+  Callers pass a key listed before: some S3-compatible servers (SeaweedFS)
+  skip the keys of a "directory" whose name is passed.
 * Keys are checked with :func:`validate_key`; a bad key raises
   :class:`~dstl_client.core.errors.InvalidArgument` from ``put``, ``get`` and ``delete``.
 * Errors are :class:`StorageError` subclasses; ``retryable`` says whether the
@@ -43,10 +48,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class BlobInfo:
-    """A listed object."""
+    """A listed object: its key, size in bytes and last modification time.
+
+    ``modified`` is in seconds since the Unix epoch (a file's mtime, S3's
+    ``LastModified``); every real store sets it. ``0.0`` means unknown (test
+    fakes): callers deciding by age must treat it as "maybe just written".
+    """
 
     key: str
     size: int
+    modified: float = 0.0
 
 
 class BlobStore(abc.ABC):
@@ -68,8 +79,11 @@ class BlobStore(abc.ABC):
         """Delete keys; missing ones are ignored."""
 
     @abc.abstractmethod
-    def list(self, prefix: str = "") -> AsyncIterator[BlobInfo]:
-        """Yield the objects whose key starts with ``prefix``, in key order."""
+    def list(self, prefix: str = "", start_after: str = "") -> AsyncIterator[BlobInfo]:
+        """Yield the objects whose key starts with ``prefix``, in key order.
+
+        With ``start_after``, only those whose key is greater than it.
+        """
 
     async def probe(self) -> None:  # noqa: B027 - optional hook
         """Return when the store answers; raise :class:`StorageError` when it does not.

@@ -19,6 +19,8 @@ from dstl_server.storage.base import BlobInfo, BlobStore, validate_key
 
 #: every file the store writes is first named ``.<name>.<random><_TMP_SUFFIX>``
 _TMP_SUFFIX = TEMP_SUFFIX
+#: files :meth:`LocalBlobStore.list` stats per thread hop
+_STAT_CHUNK = 256
 #: name start of the files :meth:`LocalBlobStore.probe` writes (temp files too)
 _PROBE_PREFIX = ".dstl-probe."
 
@@ -157,27 +159,51 @@ class LocalBlobStore(BlobStore):
             )
         return removed
 
-    async def list(self, prefix: str = "") -> AsyncIterator[BlobInfo]:
-        for info in await asyncio.to_thread(self._list, prefix):
-            yield info
+    async def list(self, prefix: str = "", start_after: str = "") -> AsyncIterator[BlobInfo]:
+        # Names first (no stat), sorted; then sizes and times a chunk at a
+        # time, so a caller that stops early (a page) stats only what it took.
+        names = await asyncio.to_thread(self._names, prefix, start_after)
+        for i in range(0, len(names), _STAT_CHUNK):
+            for info in await asyncio.to_thread(_stat_all, names[i : i + _STAT_CHUNK]):
+                yield info
 
-    def _list(self, prefix: str) -> builtins.list[BlobInfo]:
-        out: builtins.list[BlobInfo] = []
+    def _names(self, prefix: str, start_after: str) -> builtins.list[tuple[str, str]]:
+        """``(key, path)`` of the files listed, in key order."""
+        out: builtins.list[tuple[str, str]] = []
         # Walk only the directory the prefix is in, not the whole root.
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = self.root / base if base else self.root
         if not start.is_dir():
             return out
-        for dirpath, _dirs, files in os.walk(start):
+        for dirpath, dirs, files in os.walk(start):
+            rel = Path(dirpath).relative_to(self.root).as_posix()
+            here = "" if rel == "." else rel + "/"
+            if start_after:
+                # Skip directories whose every key sorts before start_after.
+                dirs[:] = [d for d in dirs if not _all_keys_before(here + d + "/", start_after)]
             for name in files:
                 if name.endswith(_TMP_SUFFIX):
                     continue
-                full = Path(dirpath) / name
-                key = full.relative_to(self.root).as_posix()
-                if key.startswith(prefix):
-                    try:
-                        out.append(BlobInfo(key, full.stat().st_size))
-                    except FileNotFoundError:
-                        continue
-        out.sort(key=lambda b: b.key)
+                key = here + name
+                if key.startswith(prefix) and key > start_after:
+                    out.append((key, os.path.join(dirpath, name)))
+        out.sort()
         return out
+
+
+def _stat_all(names: list[tuple[str, str]]) -> list[BlobInfo]:
+    out = []
+    for key, path in names:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue  # deleted since it was listed
+        except OSError as exc:
+            raise StorageError(f"list {path}: {exc}", retryable=True) from exc
+        out.append(BlobInfo(key, st.st_size, st.st_mtime))
+    return out
+
+
+def _all_keys_before(dir_prefix: str, start_after: str) -> bool:
+    """Whether every key starting with ``dir_prefix`` sorts at or before ``start_after``."""
+    return dir_prefix < start_after and not start_after.startswith(dir_prefix)

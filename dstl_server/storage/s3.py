@@ -3,7 +3,9 @@
 Invariants:
 
 * Object ``key`` lives at ``<prefix>/<key>`` in the bucket (just ``<key>``
-  without a prefix); :meth:`S3BlobStore.list` strips the prefix again. Keys
+  without a prefix); :meth:`S3BlobStore.list` strips the prefix again (and
+  adds it to ``start_after``, sent as ``StartAfter``; ``modified`` is the
+  object's ``LastModified``, whole seconds on some servers). Keys
   come from :mod:`dstl_client.core.keys` (per job, then a 2-hex hash), so requests
   spread over many S3 key prefixes.
 * ``put`` is one PutObject with a CRC32 checksum: S3 stores the whole object
@@ -366,20 +368,24 @@ class S3BlobStore(BlobStore):
             )
         return len(fulls)
 
-    async def list(self, prefix: str = "") -> AsyncIterator[BlobInfo]:
+    async def list(self, prefix: str = "", start_after: str = "") -> AsyncIterator[BlobInfo]:
         full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
         strip = len(self.prefix) + 1 if self.prefix else 0
         client = await self._get_client()
         paginator = client.get_paginator("list_objects_v2")
-        pages = paginator.paginate(
-            Bucket=self.bucket,
-            Prefix=full_prefix,
-            PaginationConfig={"PageSize": self.list_page_size},
-        )
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
+        if start_after:
+            kwargs["StartAfter"] = f"{self.prefix}/{start_after}" if self.prefix else start_after
+        pages = paginator.paginate(**kwargs, PaginationConfig={"PageSize": self.list_page_size})
         try:
             async for page in pages:
                 for obj in page.get("Contents", ()):
-                    yield BlobInfo(obj["Key"][strip:], int(obj["Size"]))
+                    modified = obj.get("LastModified")
+                    yield BlobInfo(
+                        obj["Key"][strip:],
+                        int(obj["Size"]),
+                        modified.timestamp() if modified is not None else 0.0,
+                    )
         except Exception as exc:
             raise map_s3_error(exc, f"list s3://{self.bucket}/{full_prefix}") from exc
 

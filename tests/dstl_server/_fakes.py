@@ -11,8 +11,9 @@ import heapq
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
+from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import TransientStorageError
-from dstl_client.core.format import pack_changes
+from dstl_client.core.format import PackedChanges, pack_changes
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.core.keys import new_object_key
 from dstl_client.core.reader import HandleReader
@@ -68,9 +69,16 @@ def registry(uploader: MemoryUploader, **overrides: Any) -> LogRegistry:
     return LogRegistry(settings(**overrides), uploader, ServerMetrics())
 
 
-def batch(*items: tuple[int, Sequence[bytes]]) -> list[tuple[int, Any]]:
-    """Append batches: (key group, changes) -> (key group, PackedChanges)."""
-    return [(kg, pack_changes(list(changes))) for kg, changes in items]
+def part(key_group: int, packed: PackedChanges) -> pb.KeyGroupChanges:
+    """One part as a call carries it (what the service hands the registry)."""
+    return pb.KeyGroupChanges(
+        key_group=key_group, count=packed.count, sizes=packed.sizes, payload=packed.payload
+    )
+
+
+def batch(*items: tuple[int, Sequence[bytes]]) -> list[pb.KeyGroupChanges]:
+    """Append batches: (key group, changes) -> one packed part per key group."""
+    return [part(kg, pack_changes(list(changes))) for kg, changes in items]
 
 
 async def read_handle(

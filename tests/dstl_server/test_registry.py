@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import (
     Backpressure,
     ChangeTooLarge,
@@ -23,7 +24,7 @@ from dstl_client.core.errors import (
 from dstl_client.core.format import PackedChanges, pack_changes, parse_object
 from dstl_client.core.handle import ChangelogHandle
 from dstl_server.log import PART_OVERHEAD_BYTES
-from tests.dstl_server._fakes import MemoryUploader, batch, read_handle, registry, sample
+from tests.dstl_server._fakes import MemoryUploader, batch, part, read_handle, registry, sample
 
 LONG_DELAY_MS = 60_000.0  # a flush that waits for this never happens within a test
 
@@ -59,7 +60,7 @@ async def test_flip158_state_change_lifecycle() -> None:
     lid = wl.log_id
 
     # On startup the state is empty: StateChangelog.sqn = T0, lastMaterializedSqn = T0
-    t0 = reg.last_appended_sqn(lid)
+    t0 = await reg.last_appended_sqn(lid)
     assert t0 == 0
     assert await reg.append(lid, batch((7, [b"a"]))) == t0  # a change gets the active SQN
 
@@ -71,9 +72,9 @@ async def test_flip158_state_change_lifecycle() -> None:
 
     # Materialization: the backend obtains the SQN (T2) after appending b
     assert await reg.append(lid, batch((7, [b"b"]))) == t1
-    t2 = reg.last_appended_sqn(lid)
+    t2 = await reg.last_appended_sqn(lid)
     assert t2 == 2
-    assert reg.last_appended_sqn(lid) == t2  # asking again without changes: same SQN
+    assert await reg.last_appended_sqn(lid) == t2  # asking again without changes: same SQN
     await reg.append(lid, batch((8, [b"c"])))
 
     # CP2: persistDurably(after = T0): combines CP1's running upload with (T1:T3 = b,c)
@@ -98,7 +99,7 @@ async def test_flip158_state_change_lifecycle() -> None:
 
     # Materialization completes: lastMaterializedSqn = T2; truncate(before = T2)
     objects_before = dict(up.objects)
-    reg.truncate(lid, before=t2)
+    await reg.truncate(lid, before=t2)
     assert up.objects == objects_before  # nothing a handle references is deleted
     assert await read_handle(up, cp2) == [(7, 0, [b"a"]), (7, 1, [b"b"]), (8, 2, [b"c"])]
     assert sorted(wl.uploaded) == [2]  # only the reference to (T1:T3) is still needed
@@ -126,13 +127,13 @@ async def test_flip158_state_change_lifecycle() -> None:
 async def test_sqns_increase_only_when_a_changeset_closes() -> None:
     reg = registry(MemoryUploader())
     lid = reg.create_writer("job", "op", (0, 3)).log_id
-    assert reg.last_appended_sqn(lid) == 0
+    assert await reg.last_appended_sqn(lid) == 0
     assert await reg.append(lid, batch((0, [b"x"]))) == 0
     assert await reg.append(lid, batch((1, [b"y"]))) == 0  # same changeset
-    assert reg.last_appended_sqn(lid) == 1
-    assert reg.last_appended_sqn(lid) == 1
+    assert await reg.last_appended_sqn(lid) == 1
+    assert await reg.last_appended_sqn(lid) == 1
     assert await reg.append(lid, batch((0, [b"z"]))) == 1
-    assert reg.last_appended_sqn(lid) == 2
+    assert await reg.last_appended_sqn(lid) == 2
 
 
 async def test_persist_with_nothing_appended() -> None:
@@ -156,14 +157,14 @@ async def test_persist_sqn_out_of_range() -> None:
     await reg.append(lid, batch((1, [b"x"])))
     with pytest.raises(SqnOutOfRange, match="only at 0"):
         await reg.persist(lid, after=1)  # from the future
-    assert reg.last_appended_sqn(lid) == 1
+    assert await reg.last_appended_sqn(lid) == 1
     await reg.append(lid, batch((1, [b"y"])))
-    assert reg.last_appended_sqn(lid) == 2
-    reg.truncate(lid, before=2)
+    assert await reg.last_appended_sqn(lid) == 2
+    await reg.truncate(lid, before=2)
     with pytest.raises(SqnOutOfRange, match="truncated"):
         await reg.persist(lid, after=1)
     with pytest.raises(SqnOutOfRange):
-        reg.truncate(lid, before=3)
+        await reg.truncate(lid, before=3)
     assert sample(reg.metrics, "dstl_persist_failures_total") == 2
     # the writer is unharmed
     await reg.append(lid, batch((1, [b"z"])))
@@ -357,16 +358,16 @@ async def test_truncate_frees_memory_and_keeps_objects() -> None:
     await reg.append(lid, batch((0, [b"a" * 100])))
     h = await reg.persist(lid, after=0)
     await reg.append(lid, batch((0, [b"b" * 100])))
-    reg.last_appended_sqn(lid)
+    await reg.last_appended_sqn(lid)
     await reg.append(lid, batch((0, [b"c" * 100])))
     part = charged(b"b" * 100)  # b and c are charged the same
     assert reg.budget.used == 2 * part
-    reg.truncate(lid, before=2)  # drops a (uploaded) and b (not uploaded)
+    await reg.truncate(lid, before=2)  # drops a (uploaded) and b (not uploaded)
     assert reg.budget.used == part
     assert sorted(wl.not_uploaded) == [] and sorted(wl.uploaded) == []
     assert wl.active_bytes == part
     assert await read_handle(up, h) == [(0, 0, [b"a" * 100])]  # the object is still there
-    reg.truncate(lid, before=1)  # an older truncation point changes nothing
+    await reg.truncate(lid, before=1)  # an older truncation point changes nothing
     assert reg.budget.used == part
     assert sample(reg.metrics, "dstl_unuploaded_bytes") == part
     h2 = await reg.persist(lid, after=2)
@@ -382,7 +383,7 @@ async def test_truncate_during_an_upload() -> None:
     await reg.append(wl.log_id, batch((0, [b"a" * 100])))
     task = asyncio.create_task(reg.persist(wl.log_id, after=0))
     await wait_until(lambda: up.calls == 1)
-    reg.truncate(wl.log_id, before=1)
+    await reg.truncate(wl.log_id, before=1)
     assert reg.budget.used == charged(b"a" * 100)  # still held by the running upload
     up.gate.set()
     h = await task
@@ -397,7 +398,7 @@ async def test_close_drops_unpersisted_changes() -> None:
     wl = reg.create_writer("job", "op", (0, 3))
     other = reg.create_writer("job", "op2", (0, 3))
     await reg.append(wl.log_id, batch((0, [b"gone"] * 10)))
-    reg.last_appended_sqn(wl.log_id)
+    await reg.last_appended_sqn(wl.log_id)
     await reg.append(wl.log_id, batch((1, [b"also gone"])))
     await reg.append(other.log_id, batch((1, [b"kept"])))
     reg.close_writer(wl.log_id)
@@ -405,13 +406,12 @@ async def test_close_drops_unpersisted_changes() -> None:
     assert up.calls == 0
     assert len(reg) == 1
     assert sample(reg.metrics, "dstl_writers") == 1
-    for call in (
-        lambda: reg.last_appended_sqn(wl.log_id),
-        lambda: reg.truncate(wl.log_id, 0),
-        lambda: reg.close_writer(wl.log_id),
-    ):
-        with pytest.raises(LogNotFound):
-            call()
+    with pytest.raises(LogNotFound):
+        await reg.last_appended_sqn(wl.log_id)
+    with pytest.raises(LogNotFound):
+        await reg.truncate(wl.log_id, 0)
+    with pytest.raises(LogNotFound):
+        reg.close_writer(wl.log_id)
     with pytest.raises(LogNotFound):
         await reg.append(wl.log_id, batch((0, [b"x"])))
     with pytest.raises(LogNotFound):
@@ -547,15 +547,15 @@ async def test_bad_appends_leave_every_log_untouched() -> None:
     await reg.append(good.log_id, batch((5, [b"good data"])))
     await reg.append(bad.log_id, batch((10, [b"before"])))
     used = reg.budget.used
-    cases: list[tuple[type[Exception], list[tuple[int, PackedChanges]]]] = [
+    cases: list[tuple[type[Exception], list[pb.KeyGroupChanges]]] = [
         (KeyGroupOutOfRange, batch((11, [b"ok"]), (5, [b"wrong kg"]))),
         (KeyGroupOutOfRange, batch((20, [b"past the end"]))),
         (ChangeTooLarge, batch((11, [b"ok"]), (12, [b"x" * 101]))),
-        (InvalidArgument, [(11, PackedChanges(2, pack_changes([b"a"]).sizes, b"a"))]),
-        (InvalidArgument, [(11, PackedChanges(1, pack_changes([b"abc"]).sizes, b"ab"))]),
-        (InvalidArgument, [(11, PackedChanges(0, b"", b"payload"))]),
+        (InvalidArgument, [part(11, PackedChanges(2, pack_changes([b"a"]).sizes, b"a"))]),
+        (InvalidArgument, [part(11, PackedChanges(1, pack_changes([b"abc"]).sizes, b"ab"))]),
+        (InvalidArgument, [part(11, PackedChanges(0, b"", b"payload"))]),
         (InvalidArgument, []),  # an empty batch
-        (InvalidArgument, [(11, PackedChanges(0, b"", b""))]),  # a part without changes
+        (InvalidArgument, [part(11, PackedChanges(0, b"", b""))]),  # a part without changes
         (InvalidArgument, batch((11, [b"ok"]), (12, []))),  # ...after a good part
     ]
     for exc_type, batches in cases:
@@ -668,7 +668,7 @@ async def test_idle_writers_expire() -> None:
     reg.create_writer("job", "replacement", (0, 3))
     # a call refreshes the writer: the sweep at the same time no longer finds it idle
     busy.last_call = now - 1000.0
-    reg.last_appended_sqn(busy.log_id)
+    await reg.last_appended_sqn(busy.log_id)
     assert busy.last_call >= now
     assert reg.expire_idle(now + 99.0) == 0
     assert reg.expire_idle() == 0  # the default clock: nothing idle for 100 s

@@ -20,6 +20,7 @@ from dstl_client.state import INT64, TupleSerializer
 
 AGG: TupleSerializer[Any] = TupleSerializer(INT64, INT64)
 OUTPUT_SCHEMA = "k string, count long, total long"
+OUTPUT_COLUMNS = ("k", "count", "total")
 MAX_P = 16
 
 
@@ -122,7 +123,7 @@ def session(cores: str = "2") -> Any:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    for name in ("checkpoint-dir", "address", "storage-url", "state-dir", "input-dir", "out-dir"):
+    for name in ("checkpoint-dir", "address", "state-dir", "input-dir", "out-dir"):
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--until-batch", type=int, required=True)
@@ -154,7 +155,8 @@ def main() -> int:
         job_id="e2e-crash",
         dstl_address=args.address,
         state_dir=args.state_dir,
-        storage_url=args.storage_url,
+        # nothing else of the job runs: every unreferenced object is an orphan of a crash
+        orphan_grace_s=0,
         materialize_interval_s=0,
         sink=output_sink(Path(args.out_dir)),
         on_phase=on_phase,

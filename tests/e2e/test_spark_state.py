@@ -17,8 +17,10 @@ from dstl_client.coordinator.local import checkpoint_rows
 from dstl_client.coordinator.storage import CheckpointStorage
 from dstl_client.spark import process_keyed
 from dstl_server.testing import ServerProcess
+from tests.e2e._faults import FailAfterCommit
 from tests.e2e._spark_job import (
     MAX_P,
+    OUTPUT_COLUMNS,
     OUTPUT_SCHEMA,
     agg,
     decode_state,
@@ -62,7 +64,6 @@ def run_driver(tmp: Path, sidecar: ServerProcess, until: int, crash: str = "") -
     for name, value in {
         "checkpoint-dir": tmp / "ckpt",
         "address": sidecar.address,
-        "storage-url": sidecar.storage,
         "state-dir": tmp / "state",
         "input-dir": tmp / "input",
         "out-dir": tmp / "out",
@@ -109,7 +110,9 @@ def test_driver_kills_at_every_point_give_the_failure_free_results(
     assert read_outputs(tmp_path / "out") == want_outputs
 
 
-def _start(spark: Any, tmp: Path, sidecar: ServerProcess, parallelism: int, **kw: Any) -> Any:
+def _start(
+    spark: Any, tmp: Path, sidecar: ServerProcess, parallelism: int, fn: Any = agg, **kw: Any
+) -> Any:
     df = (
         spark.readStream.schema("k string, v long")
         .option("maxFilesPerTrigger", 1)
@@ -118,7 +121,7 @@ def _start(spark: Any, tmp: Path, sidecar: ServerProcess, parallelism: int, **kw
     return process_keyed(
         df,
         key="k",
-        fn=agg,
+        fn=fn,
         output_schema=OUTPUT_SCHEMA,
         parallelism=parallelism,
         max_parallelism=MAX_P,
@@ -126,7 +129,6 @@ def _start(spark: Any, tmp: Path, sidecar: ServerProcess, parallelism: int, **kw
         job_id=f"e2e-{tmp.name[-20:].strip('_-.') or 'job'}",
         dstl_address=sidecar.address,
         state_dir=str(tmp / "state"),
-        storage_url=sidecar.storage,
         sink=output_sink(tmp / "out"),
         **kw,
     )
@@ -138,15 +140,16 @@ def test_a_task_failure_after_commit_is_retried_without_double_counting(
     batches = 4
     write_input(tmp_path / "input", 0, batches - 1, ROWS, KEYS)
     # batch 2, task 1: state applied, persisted and committed locally, then the attempt fails
-    q = _start(spark, tmp_path, sidecar, 2, _task_faults={"fail_after_commit": [2, 1]})
+    fn = FailAfterCommit(agg, OUTPUT_COLUMNS, batch_id=2, partition=1)
+    q = _start(spark, tmp_path, sidecar, 2, fn=fn)
     try:
         q.wait_for_batch(batches - 1, timeout_s=180)
     finally:
         q.stop()
-    by_batch = {h["batch_id"]: h for h in q.history}
-    assert by_batch[2]["max_task_attempt"] == 1  # Spark ran the task a second time
+    by_batch = {h.batch_id: h for h in q.history}
+    assert by_batch[2].max_task_attempt == 1  # Spark ran the task a second time
     # the retry found the failed attempt's batch in the store and dropped it: no restore
-    assert all(h["restored_subtasks"] == 0 for h in q.history)
+    assert all(h.restored_subtasks == 0 for h in q.history)
     want_state, want_outputs = expected(batches, ROWS, KEYS)
     assert final_state(tmp_path / "ckpt", sidecar.address) == want_state
     assert read_outputs(tmp_path / "out") == want_outputs
@@ -155,6 +158,7 @@ def test_a_task_failure_after_commit_is_retried_without_double_counting(
 def test_rescale_2_3_1_gives_the_same_results(
     tmp_path: Path, sidecar: ServerProcess, spark: Any
 ) -> None:
+    writers = sidecar.scrape_metrics()["dstl_writers"]
     done = -1
     for parallelism, batches, interval in ((2, 3, 3600.0), (3, 3, 0.0), (1, 2, 3600.0)):
         write_input(tmp_path / "input", done + 1, done + batches, ROWS, KEYS)
@@ -163,9 +167,11 @@ def test_rescale_2_3_1_gives_the_same_results(
             q.wait_for_batch(done + batches, timeout_s=180)
         finally:
             q.stop()
-        first = next(h for h in q.history if h["batch_id"] == done + 1)
+        # stopping the query closed its changelog writers at the sidecar
+        assert sidecar.scrape_metrics()["dstl_writers"] == writers
+        first = next(h for h in q.history if h.batch_id == done + 1)
         if done >= 0:  # every subtask of the new parallelism restored its key groups
-            assert first["restored_subtasks"] == parallelism
+            assert first.restored_subtasks == parallelism
         done += batches
     want_state, want_outputs = expected(done + 1, ROWS, KEYS)
     assert final_state(tmp_path / "ckpt", sidecar.address) == want_state

@@ -533,3 +533,94 @@ class DiscardObjectsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DiscardObjectsResponse: _TypeAlias = DiscardObjectsResponse  # noqa: Y015
+
+@_typing.final
+class ListObjectsRequest(_message.Message):
+    """Lists the objects under the job's key prefix (never another job's, never
+    temp files of writes in progress), in key order.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    page_size: _builtins.int
+    """At most this many keys are examined per call; 0 means the maximum
+    (1000), larger values are lowered to it.
+    """
+    page_token: _builtins.str
+    """Empty for the first page; then the previous response's next_page_token.
+    Opaque to callers (a token of another job is refused: INVALID_ARGUMENT).
+    """
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListObjectsRequest: _TypeAlias = ListObjectsRequest  # noqa: Y015
+
+@_typing.final
+class ObjectInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECT_KEY_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    MODIFIED_UNIX_MS_FIELD_NUMBER: _builtins.int
+    object_key: _builtins.str
+    size: _builtins.int
+    """Size in bytes."""
+    modified_unix_ms: _builtins.int
+    """Last modification (upload) time in milliseconds since the Unix epoch;
+    0 when the store cannot tell.
+    """
+    def __init__(
+        self,
+        *,
+        object_key: _builtins.str = ...,
+        size: _builtins.int = ...,
+        modified_unix_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["modified_unix_ms", b"modified_unix_ms", "object_key", b"object_key", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ObjectInfo: _TypeAlias = ObjectInfo  # noqa: Y015
+
+@_typing.final
+class ListObjectsResponse(_message.Message):
+    """A page may hold fewer than page_size objects (even none) while more
+    follow: the listing ends only at an empty next_page_token.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def objects(self) -> _containers.RepeatedCompositeFieldContainer[Global___ObjectInfo]: ...
+    def __init__(
+        self,
+        *,
+        objects: _abc.Iterable[Global___ObjectInfo] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "objects", b"objects"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListObjectsResponse: _TypeAlias = ListObjectsResponse  # noqa: Y015

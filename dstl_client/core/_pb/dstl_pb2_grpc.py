@@ -75,6 +75,11 @@ class ChangelogStub:
                 request_serializer=dstl_dot_v1_dot_dstl__pb2.DiscardObjectsRequest.SerializeToString,
                 response_deserializer=dstl_dot_v1_dot_dstl__pb2.DiscardObjectsResponse.FromString,
                 _registered_method=True)
+        self.ListObjects = channel.unary_unary(
+                '/dstl.v1.Changelog/ListObjects',
+                request_serializer=dstl_dot_v1_dot_dstl__pb2.ListObjectsRequest.SerializeToString,
+                response_deserializer=dstl_dot_v1_dot_dstl__pb2.ListObjectsResponse.FromString,
+                _registered_method=True)
 
 
 class ChangelogServicer:
@@ -137,6 +142,13 @@ class ChangelogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListObjects(self, request, context):
+        """Lists a job's objects in key order, one page per call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChangelogServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +191,11 @@ def add_ChangelogServicer_to_server(servicer, server):
                     servicer.DiscardObjects,
                     request_deserializer=dstl_dot_v1_dot_dstl__pb2.DiscardObjectsRequest.FromString,
                     response_serializer=dstl_dot_v1_dot_dstl__pb2.DiscardObjectsResponse.SerializeToString,
+            ),
+            'ListObjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListObjects,
+                    request_deserializer=dstl_dot_v1_dot_dstl__pb2.ListObjectsRequest.FromString,
+                    response_serializer=dstl_dot_v1_dot_dstl__pb2.ListObjectsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +415,33 @@ class Changelog:
             '/dstl.v1.Changelog/DiscardObjects',
             dstl_dot_v1_dot_dstl__pb2.DiscardObjectsRequest.SerializeToString,
             dstl_dot_v1_dot_dstl__pb2.DiscardObjectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListObjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dstl.v1.Changelog/ListObjects',
+            dstl_dot_v1_dot_dstl__pb2.ListObjectsRequest.SerializeToString,
+            dstl_dot_v1_dot_dstl__pb2.ListObjectsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,6 +57,8 @@ class ChangelogStub:
     """Streams the changes a handle gives access to, for some key groups."""
     DiscardObjects: _grpc.UnaryUnaryMultiCallable[_dstl_pb2.DiscardObjectsRequest, _dstl_pb2.DiscardObjectsResponse]
     """Deletes objects of a job that no checkpoint refers to any more."""
+    ListObjects: _grpc.UnaryUnaryMultiCallable[_dstl_pb2.ListObjectsRequest, _dstl_pb2.ListObjectsResponse]
+    """Lists a job's objects in key order, one page per call."""
 
 @_typing.type_check_only
 class ChangelogAsyncStub(ChangelogStub):
@@ -79,6 +81,8 @@ class ChangelogAsyncStub(ChangelogStub):
     """Streams the changes a handle gives access to, for some key groups."""
     DiscardObjects: _aio.UnaryUnaryMultiCallable[_dstl_pb2.DiscardObjectsRequest, _dstl_pb2.DiscardObjectsResponse]  # type: ignore[assignment]
     """Deletes objects of a job that no checkpoint refers to any more."""
+    ListObjects: _aio.UnaryUnaryMultiCallable[_dstl_pb2.ListObjectsRequest, _dstl_pb2.ListObjectsResponse]  # type: ignore[assignment]
+    """Lists a job's objects in key order, one page per call."""
 
 class ChangelogServicer(metaclass=_abc_1.ABCMeta):
     """The changelog service. Appends travel in batches: never one RPC per change."""
@@ -146,5 +150,13 @@ class ChangelogServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dstl_pb2.DiscardObjectsResponse, _abc.Awaitable[_dstl_pb2.DiscardObjectsResponse]]:
         """Deletes objects of a job that no checkpoint refers to any more."""
+
+    @_abc_1.abstractmethod
+    def ListObjects(
+        self,
+        request: _dstl_pb2.ListObjectsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dstl_pb2.ListObjectsResponse, _abc.Awaitable[_dstl_pb2.ListObjectsResponse]]:
+        """Lists a job's objects in key order, one page per call."""
 
 def add_ChangelogServicer_to_server(servicer: ChangelogServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

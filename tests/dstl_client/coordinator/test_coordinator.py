@@ -7,12 +7,9 @@ from pathlib import Path
 import pytest
 
 from dstl_client.client import ChangelogClient, ChangelogWriter
-from dstl_client.coordinator.coordinator import (
-    CheckpointCoordinator,
-    MaterializationFailed,
-    blob_store_lister,
-)
-from dstl_client.core.errors import ConfigError, UploadFailed
+from dstl_client.coordinator.batches import MaterializationFailed
+from dstl_client.coordinator.coordinator import CheckpointCoordinator
+from dstl_client.core.errors import ConfigError, SidecarUnavailable, UploadFailed
 from dstl_server.testing import ServerProcess, scrape_metrics
 from tests.dstl_client.state._jobs import (
     final_state,
@@ -57,8 +54,10 @@ def test_retained_checkpoints_keep_their_objects_and_nothing_else(
 def test_orphans_are_removed_on_start_before_new_checkpoints(
     tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient, objects_dir: Path
 ) -> None:
-    lister = blob_store_lister(sidecar.storage)
-    coord = make_coordinator(tmp_path, sidecar.address, job_id="orphans", lister=lister, interval=0)
+    # no grace: every unreferenced object is an orphan (nothing else of the job runs)
+    coord = make_coordinator(
+        tmp_path, sidecar.address, job_id="orphans", orphan_grace_s=0, interval=0
+    )
     run = runner(coord, 2, client)
     for b in range(3):
         assert run.run_batch(b, BATCHES[b]) is not None
@@ -69,7 +68,9 @@ def test_orphans_are_removed_on_start_before_new_checkpoints(
     orphans = set().union(*(r.object_keys() for r in results)) - referenced(coord)
     assert orphans and orphans <= stored(objects_dir, "orphans")
     before = referenced(coord)
-    coord = make_coordinator(tmp_path, sidecar.address, job_id="orphans", lister=lister, interval=0)
+    coord = make_coordinator(
+        tmp_path, sidecar.address, job_id="orphans", orphan_grace_s=0, interval=0
+    )
     assert coord.orphans_removed == len(orphans)
     assert stored(objects_dir, "orphans") == before == referenced(coord)
     run = runner(coord, 2, client)
@@ -78,7 +79,7 @@ def test_orphans_are_removed_on_start_before_new_checkpoints(
     assert final_state(coord, client) == reference(BATCHES)
 
 
-def test_without_a_lister_records_dropped_at_start_are_cleaned(
+def test_records_dropped_at_start_are_cleaned_without_a_grace_period(
     tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient, objects_dir: Path
 ) -> None:
     coord = make_coordinator(tmp_path, sidecar.address, job_id="shrink", retain=4, interval=0)
@@ -120,7 +121,7 @@ def test_consecutive_materialization_failures_stop_the_job(
         run = runner(coord, 2, bad)
         assert run.run_batch(0, BATCHES[0]) is not None  # nothing to materialize yet
         assert run.run_batch(1, BATCHES[1]) is not None  # first failure: counted
-        assert coord.history[-1]["mat_errors"]
+        assert coord.history[-1].mat_errors
         with pytest.raises(MaterializationFailed, match="2 times in a row"):
             run.run_batch(2, BATCHES[2])
         # the batch's checkpoint was recorded before the error: its changes are safe
@@ -129,7 +130,7 @@ def test_consecutive_materialization_failures_stop_the_job(
     # a healthy sidecar afterwards: the count restarts and materializations go through
     coord = make_coordinator(tmp_path, sidecar.address, job_id="matfail", interval=0)
     assert runner(coord, 2, client).run_batch(3, BATCHES[3]) is not None
-    assert coord.history[-1]["materialized"]
+    assert coord.history[-1].materialized
 
 
 def test_metrics_and_skips(tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient) -> None:
@@ -161,7 +162,7 @@ def test_config_is_validated(
         make_coordinator(tmp_path, sidecar.address, job_id="j", retain=0)
     make_coordinator(tmp_path, sidecar.address, job_id="j").close()
     # the checkpoints were taken with another max_parallelism
-    from dstl_client.coordinator.coordinator import CoordinatorConfig
+    from dstl_client.coordinator.config import CoordinatorConfig
 
     coord = make_coordinator(tmp_path, sidecar.address, job_id="j2")
     assert runner(coord, 1, client).run_batch(0, BATCHES[0]) is not None
@@ -173,3 +174,87 @@ def test_config_is_validated(
     )
     with pytest.raises(ConfigError, match="max_parallelism"):
         CheckpointCoordinator(cfg).start()
+
+
+def test_young_orphans_are_kept_by_the_default_grace(
+    tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient, objects_dir: Path
+) -> None:
+    coord = make_coordinator(tmp_path, sidecar.address, job_id="young", interval=0)
+    run = runner(coord, 2, client)
+    assert run.run_batch(0, BATCHES[0]) is not None
+    plan = coord.plan_batch(1, 2)
+    assert plan is not None
+    _, results = run.run_tasks(plan, BATCHES[1])  # the driver dies before the record
+    orphans = set().union(*(r.object_keys() for r in results)) - referenced(coord)
+    assert orphans
+    # a restart within the grace period: the objects could belong to a batch in flight
+    coord = make_coordinator(tmp_path, sidecar.address, job_id="young", interval=0)
+    assert coord.orphans_removed == 0
+    assert orphans <= stored(objects_dir, "young")
+
+
+def test_two_keyed_operators_of_one_job_keep_each_others_objects(
+    tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient, objects_dir: Path
+) -> None:
+    """Both operators' records are under one checkpoint_dir: a sweep spares the other's."""
+
+    def start(operator_id: str) -> CheckpointCoordinator:
+        return make_coordinator(
+            tmp_path,
+            sidecar.address,
+            job_id="two-ops",
+            operator_id=operator_id,
+            orphan_grace_s=0,
+            interval=0,
+        )
+
+    a, b = start("keyed"), start("other")
+    assert a.config.records_dir != b.config.records_dir
+    for batch in range(4):
+        assert runner(a, 2, client).run_batch(batch, BATCHES[batch]) is not None
+        assert runner(b, 1, client).run_batch(batch, BATCHES[batch + 1]) is not None
+    # each restart sweeps with no grace: the other operator's objects are referenced
+    a, b = start("keyed"), start("other")
+    assert a.orphans_removed == 0 and b.orphans_removed == 0
+    assert stored(objects_dir, "two-ops") == referenced(a) | referenced(b)
+    assert final_state(a, client) == reference(BATCHES[:4])
+    assert final_state(b, client) == reference(BATCHES[1:5])
+
+
+class FailingSweeper:
+    def sweep(self, referenced: object, *, now: float | None = None) -> int:
+        raise SidecarUnavailable("injected: the sweep failed")
+
+
+def test_a_failing_orphan_sweep_does_not_stop_the_start(
+    tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
+) -> None:
+    coord = make_coordinator(
+        tmp_path,
+        sidecar.address,
+        job_id="sweep-fails",
+        sweeper=lambda _client, _job, _grace: FailingSweeper(),
+    )
+    assert coord.started and coord.orphans_removed == 0
+    assert runner(coord, 2, client).run_batch(0, BATCHES[0]) is not None
+    coord.close()
+
+
+def test_close_writers_closes_the_last_batchs_writers(
+    tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
+) -> None:
+    coord = make_coordinator(tmp_path, sidecar.address, job_id="close-writers")
+    run = runner(coord, 2, client)
+    assert run.run_batch(0, BATCHES[0]) is not None
+    before = sidecar.scrape_metrics()["dstl_writers"]
+    assert coord.close_writers() == 2
+    assert sidecar.scrape_metrics()["dstl_writers"] == before - 2
+    assert coord.close_writers() == 0  # nothing left to close
+    # the next run's tasks find their logs closed and start new ones
+    plan = coord.plan_batch(1, 2)
+    assert plan is not None
+    _, results = run.run_tasks(plan, BATCHES[1])
+    assert all(r.stats.new_writer for r in results)
+    coord.complete_batch(plan, results)
+    assert final_state(coord, client) == reference(BATCHES[:2])
+    coord.close()

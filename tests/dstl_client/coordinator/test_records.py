@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from dstl_client.coordinator.messages import MatResult, TaskResult
 from dstl_client.coordinator.records import (
     NO_BATCH,
     CheckpointRecord,
     MatEntry,
-    MatResult,
-    TaskResult,
     compress_kg_map,
     expand_kg_map,
     next_record,
 )
 from dstl_client.coordinator.registry import SharedStateRegistry
 from dstl_client.coordinator.storage import CheckpointExists, CheckpointStorage
+from dstl_client.core.atomic import is_temp_name
 from dstl_client.core.errors import InvalidArgument
 from dstl_client.core.handle import ChangelogHandle, HandleEntry
 
@@ -188,7 +188,7 @@ def test_records_are_written_once_and_atomically(tmp_path: Path) -> None:
     with pytest.raises(CheckpointExists):
         store.write(_record(3))
     assert store.path_of(3).read_bytes() == original
-    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
+    assert not [n for n in os.listdir(tmp_path) if is_temp_name(n) or n.startswith(".tmp-")]
     (tmp_path / ".tmp-crashed").write_bytes(b"half")
     assert store.remove_temp_files() == 1
     store.delete(3)

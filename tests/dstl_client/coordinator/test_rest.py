@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from dstl_client.client import ChangelogClient
-from dstl_client.coordinator.coordinator import CheckpointCoordinator, CheckpointTimedOut
+from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.rest import CheckpointConfigServer
+from dstl_client.coordinator.watchdog import CheckpointTimedOut
 from dstl_server.testing import ServerProcess
 from tests.dstl_client.state._jobs import make_batches, make_coordinator, runner
 

@@ -8,12 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from dstl_client.client import ChangelogClient
-from dstl_client.coordinator.coordinator import (
-    CheckpointCoordinator,
-    CoordinatorConfig,
-    ObjectLister,
-)
+from dstl_client.coordinator.config import CoordinatorConfig
+from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.local import LocalRunner, checkpoint_rows
+from dstl_client.coordinator.retention import SweeperFactory
 from dstl_client.state.api import KeyedContext
 from dstl_client.state.changes import decode_state_key
 from dstl_client.state.serializers import INT64, STR
@@ -100,8 +98,8 @@ def make_coordinator(
     job_id: str = "job",
     interval: float = 3600.0,
     retain: int = 2,
-    lister: ObjectLister | None = None,
     client: ChangelogClient | None = None,
+    sweeper: SweeperFactory | None = None,
     state_dir: str | None = None,
     **kw: Any,
 ) -> CheckpointCoordinator:
@@ -116,7 +114,7 @@ def make_coordinator(
         fsync=False,
         **kw,
     )
-    coord = CheckpointCoordinator(cfg, client=client, lister=lister)
+    coord = CheckpointCoordinator(cfg, client=client, sweeper=sweeper)
     coord.start()
     return coord
 

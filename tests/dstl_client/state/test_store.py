@@ -12,13 +12,8 @@ from dstl_client.keygroups import KeyGroupRange, key_group_for_key
 from dstl_client.state.api import KeyedContext
 from dstl_client.state.backend import KeyedStateBackend
 from dstl_client.state.serializers import INT64, JSON, STR
-from dstl_client.state.store import (
-    NO_VERSION,
-    LocalKeyedStore,
-    StoreLocked,
-    read_all_rows,
-    remove_overlapping_stores,
-)
+from dstl_client.state.store import NO_VERSION, LocalKeyedStore, read_all_rows
+from dstl_client.state.store_dirs import StoreLocked, remove_overlapping_stores
 
 MAX_P = 16
 FULL = KeyGroupRange(0, MAX_P - 1)

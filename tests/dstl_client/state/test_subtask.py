@@ -7,7 +7,8 @@ from pathlib import Path
 
 from dstl_client.client import ChangelogClient
 from dstl_client.keygroups import key_group_range_for_operator
-from dstl_client.state.store import LocalKeyedStore, read_all_rows, store_dir
+from dstl_client.state.store import LocalKeyedStore, read_all_rows
+from dstl_client.state.store_dirs import store_dir
 from dstl_client.state.subtask import run_keyed
 from dstl_server.testing import ServerProcess
 from tests.dstl_client.state._jobs import (
@@ -64,7 +65,7 @@ def test_a_retried_task_does_not_apply_changes_twice(
             # but its result is lost; Spark runs the task again
             run.run_tasks(plan, rows)
         _, results = run.run_tasks(plan, rows)
-        assert not any(r.stats.get("restored") for r in results)
+        assert not any(r.stats.restored for r in results)
         coord.complete_batch(plan, results)
     assert final_state(coord, client) == reference(BATCHES)
     coord.close()
@@ -105,7 +106,7 @@ def test_lost_local_state_is_restored_from_the_checkpoint(
         plan = coord.plan_batch(b, 2)
         assert plan is not None
         _, results = run.run_tasks(plan, rows)
-        assert all(bool(r.stats.get("restored")) == (b == 3) for r in results)
+        assert all(r.stats.restored == (b == 3) for r in results)
         coord.complete_batch(plan, results)
     assert final_state(coord, client) == reference(BATCHES)
 
@@ -121,7 +122,7 @@ def test_rescale_2_3_1_gives_the_same_state(
         assert plan is not None
         _, results = runner(coord, p, client).run_tasks(plan, rows)
         if b in (2, 4):  # every subtask of the new parallelism restores its range
-            assert all(r.stats.get("restored") for r in results)
+            assert all(r.stats.restored for r in results)
         coord.complete_batch(plan, results)
         if b == 3:
             # one materialization at parallelism 3, so the next restore mixes parts and logs
@@ -142,7 +143,7 @@ def test_materialization_is_incremental_and_prunes_the_log(
     rec = coord.latest
     assert rec is not None
     first = coord.history[-1]
-    assert first["materialized"] and first["mat_kgs"] == MAX_P
+    assert first.materialized and first.mat_kgs == MAX_P
     # segments before the materialized version are gone, batch 1's stays
     assert [s.batch for s in rec.segments] == [1, 1]
     # a batch touching one key only: the next materialization uploads one key group
@@ -150,8 +151,8 @@ def test_materialization_is_incremental_and_prunes_the_log(
     assert run.run_batch(2, one) is not None
     assert run.run_batch(3, one) is not None
     stats = coord.history[-1]
-    assert stats["materialized"]
-    assert stats["mat_kgs"] == 1, stats
+    assert stats.materialized
+    assert stats.mat_kgs == 1, stats
     rec = coord.latest
     assert rec is not None
     # the unchanged key groups still refer to batch 1's parts, now as of version 2
@@ -162,7 +163,7 @@ def test_materialization_is_incremental_and_prunes_the_log(
     plan = coord.plan_batch(4, 2)
     assert plan is not None
     _, results = run.run_tasks(plan, one)
-    assert any(r.stats.get("truncated_before") for r in results)
+    assert any(r.stats.truncated_before for r in results)
 
 
 def test_a_sidecar_restart_starts_a_new_log(tmp_path: Path) -> None:
@@ -180,6 +181,6 @@ def test_a_sidecar_restart_starts_a_new_log(tmp_path: Path) -> None:
             assert plan is not None
             _, results = runner(coord, 2, c2).run_tasks(plan, batches[b])
             if b == 2:
-                assert all(r.stats.get("new_writer") for r in results)
+                assert all(r.stats.new_writer for r in results)
             coord.complete_batch(plan, results)
         assert final_state(coord, c2) == reference(batches)

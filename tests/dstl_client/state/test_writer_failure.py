@@ -16,12 +16,14 @@ import pytest
 
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.local import partition_rows
+from dstl_client.coordinator.messages import BatchPlan
 from dstl_client.core.errors import DstlError, WriterFailed
 from dstl_client.keygroups import key_group_range_for_operator
 from dstl_client.state.api import KeyedContext
 from dstl_client.state.serializers import STR
-from dstl_client.state.store import LocalKeyedStore, store_dir
-from dstl_client.state.subtask import BatchPlan, run_keyed
+from dstl_client.state.store import LocalKeyedStore
+from dstl_client.state.store_dirs import store_dir
+from dstl_client.state.subtask import run_keyed
 from dstl_server.testing import ServerProcess
 from tests.dstl_client.state._jobs import (
     MAX_P,
@@ -104,9 +106,9 @@ def test_a_failed_send_fails_the_task_and_the_retry_starts_a_new_log(
 
         # Spark runs the task again: a new log, state from the last checkpoint
         _, results = run.run_tasks(plan, batches[1])
-        assert results[0].stats.get("new_writer"), "the retry reused the failed writer's log"
+        assert results[0].stats.new_writer, "the retry reused the failed writer's log"
         assert log_id_of(plan, 0) != old_log
-        assert not results[1].stats.get("new_writer")
+        assert not results[1].stats.new_writer
         coord.complete_batch(plan, results)
         assert run.run_batch(2, batches[2]) is not None
         assert final_state(coord, client) == reference(batches)

@@ -18,7 +18,9 @@ object (every object has a header and a footer), so stores need not support it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import time
 import uuid
 
 import pytest
@@ -179,7 +181,7 @@ class BlobStoreContract:
         for name, size in sizes.items():
             await store.put(prefix + name, b"z" * size)
         listed = await _listed(store, prefix)
-        assert listed == [BlobInfo(prefix + n, sizes[n]) for n in sorted(sizes)]
+        assert [(i.key, i.size) for i in listed] == [(prefix + n, sizes[n]) for n in sorted(sizes)]
         # keys come in key order
         assert [i.key for i in listed] == sorted(i.key for i in listed)
 
@@ -218,6 +220,83 @@ class BlobStoreContract:
             assert [i.key for i in await _listed(store, other)] == [other + "theirs"]
         finally:
             await store.delete([other + "theirs"])
+
+    async def test_list_reports_modification_time(self, store: BlobStore, prefix: str) -> None:
+        """``modified`` is unix seconds of the write (S3 rounds it down to the second)."""
+        before = time.time()
+        await store.put(prefix + "a", b"first")
+        await asyncio.sleep(1.1)  # later by more than the coarsest resolution (1 s)
+        await store.put(prefix + "b", b"second")
+        after = time.time()
+        a, b = await _listed(store, prefix)
+        assert isinstance(a.modified, float) and isinstance(b.modified, float)
+        for info in (a, b):
+            # within the test's window, with 2 s for resolution and clock slack
+            assert before - 2 <= info.modified <= after + 2, (info, before, after)
+        assert b.modified > a.modified
+        # an overwrite is a new write
+        await store.put(prefix + "a", b"rewritten")
+        a2, b2 = await _listed(store, prefix)
+        assert a2.modified >= b2.modified == b.modified
+
+    async def test_list_start_after(self, store: BlobStore, prefix: str) -> None:
+        names = ["a", "ab", "b/x", "b/y", "b2", "c", "job/00/k1", "job/00/k2", "job/01/k3", "jo"]
+        for i, name in enumerate(names):
+            await store.put(prefix + name, b"v" * (i + 1))
+        everything = await _listed(store, prefix)
+        assert [i.key for i in everything] == sorted(prefix + n for n in names)
+        # every key, strings between keys, before and after them all
+        # Not "b", "job" or "job/01": a start_after naming a "directory" (a key
+        # prefix ending right before a '/') makes SeaweedFS skip its keys, unlike
+        # AWS S3. Callers page with keys they listed, which are never one.
+        between = "0 a0 b/ b/x0 b/z b1 d job/ job/00/ job/00/k job/00/k2/ job/02 jo/ z ~"
+        candidates = [
+            prefix,
+            *(prefix + s for s in between.split()),
+            *(i.key for i in everything),
+        ]
+        for start_after in candidates:
+            got = [i async for i in store.list(prefix, start_after=start_after)]
+            expected = [i for i in everything if i.key > start_after]
+            assert [(i.key, i.size) for i in got] == [(i.key, i.size) for i in expected], (
+                start_after
+            )
+        # start_after below the prefix changes nothing; with a narrower prefix too
+        assert [i.key async for i in store.list(prefix + "b/", start_after="")] == [
+            prefix + "b/x",
+            prefix + "b/y",
+        ]
+        assert [i.key async for i in store.list(prefix + "b/", start_after=prefix + "b/x")] == [
+            prefix + "b/y"
+        ]
+        assert [i.key async for i in store.list(prefix + "job/", start_after=prefix)] == [
+            prefix + n for n in ("job/00/k1", "job/00/k2", "job/01/k3")
+        ]
+        assert [i async for i in store.list(prefix + "b/", start_after=prefix + "c")] == []
+
+    async def test_list_pages_with_start_after(self, store: BlobStore, prefix: str) -> None:
+        """Paging by the last key seen lists every object once, also while deleting."""
+        keys = sorted(f"{prefix}{i % 5:02x}/obj-{i:03d}" for i in range(23))
+        await asyncio.gather(*(store.put(k, b"p") for k in keys))
+        seen: list[str] = []
+        last = ""
+        while True:
+            page = []
+            async with contextlib.aclosing(store.list(prefix, start_after=last)) as listing:
+                async for info in listing:
+                    page.append(info.key)
+                    if len(page) == 4:
+                        break
+            if not page:
+                break
+            seen += page
+            last = page[-1]
+            # deleting what was listed does not disturb the next page
+            await store.delete(page[:2])
+        assert seen == keys
+        assert [i.key for i in await _listed(store, prefix)] == [
+            k for i in range(0, len(keys), 4) for k in keys[i + 2 : i + 4]
+        ]
 
     # ---------------------------------------------------------------- keys
     @pytest.mark.parametrize(

@@ -81,7 +81,7 @@ async def test_keys_live_under_the_prefix(weed_s3: SeaweedS3, s3_store: S3BlobSt
         assert attrs.get("ChecksumCRC32")
     finally:
         client.close()
-    assert await _listed(s3_store) == [BlobInfo("job/ab/obj.dstl", 7)]
+    assert [(i.key, i.size) for i in await _listed(s3_store)] == [("job/ab/obj.dstl", 7)]
     assert s3_store.url == f"s3://{weed_s3.bucket}/{s3_store.prefix}"
 
 
@@ -123,7 +123,7 @@ async def test_store_without_prefix_uses_bare_keys(weed_s3: SeaweedS3, s3_prefix
         key = f"{s3_prefix}/00/k.dstl"
         await store.put(key, b"bare")
         assert await store.get(key) == b"bare"
-        assert await _listed(store, s3_prefix + "/") == [BlobInfo(key, 4)]
+        assert [(i.key, i.size) for i in await _listed(store, s3_prefix + "/")] == [(key, 4)]
         assert store.url == f"s3://{weed_s3.bucket}"
         await store.delete([key])
 
@@ -140,6 +140,33 @@ async def test_listing_pages_through_many_objects(weed_s3: SeaweedS3, s3_prefix:
         assert [i.key for i in await _listed(store, "job/01/")] == sorted(keys[1::3])
 
 
+async def test_start_after_pages_under_the_store_prefix(weed_s3: SeaweedS3, s3_prefix: str) -> None:
+    """``start_after`` is a key of the store (its prefix added), across S3 pages."""
+    async with store_for(weed_s3, s3_prefix, list_page_size=3) as store:
+        keys = sorted(f"job/{i % 4:02x}/obj-{i:03d}" for i in range(17))
+        await asyncio.gather(*(store.put(k, b"s") for k in keys))
+        # a neighbouring prefix of the bucket sorts before and after ours
+        async with store_for(weed_s3, "") as bare:
+            others = [f"{s3_prefix}-other/job/00/x", f"{s3_prefix[:-1]}/job/00/x"]
+            for k in others:
+                await bare.put(k, b"o")
+            try:
+                for i, start in enumerate(["", *keys]):
+                    got = [b.key async for b in store.list("job/", start_after=start)]
+                    assert got == keys[i:], start
+                    rest = [b async for b in store.list("", start_after=start)]
+                    assert [b.key for b in rest] == keys[i:]
+                    assert all(b.modified > 0 for b in rest)
+                # listed through the bare store, start_after is a bucket key
+                got = [
+                    b.key
+                    async for b in bare.list(s3_prefix + "/", start_after=f"{s3_prefix}/{keys[4]}")
+                ]
+                assert got == [f"{s3_prefix}/{k}" for k in keys[5:]]
+            finally:
+                await bare.delete(others)
+
+
 async def test_delete_batches_past_the_request_limit(s3_store: S3BlobStore) -> None:
     """More keys than one DeleteObjects request takes; missing keys are fine."""
     real = [f"job/{i:02x}/real-{i}" for i in range(3)]
@@ -150,7 +177,7 @@ async def test_delete_batches_past_the_request_limit(s3_store: S3BlobStore) -> N
     # the real keys sit in the second batch
     keys = ghosts[: DELETE_BATCH + 50] + real + ghosts[DELETE_BATCH + 50 :]
     assert await s3_store.delete(keys) == len(keys)
-    assert await _listed(s3_store) == [BlobInfo("job/keep", 4)]
+    assert [(i.key, i.size) for i in await _listed(s3_store)] == [("job/keep", 4)]
 
 
 async def test_ranged_get_of_the_last_bytes_and_an_empty_range(s3_store: S3BlobStore) -> None:

@@ -1,4 +1,10 @@
-"""BatchingScheduler: one object per flush, its triggers, failures and shutdown."""
+"""dstl_server.uploads: an upload's lifecycle, from start to completion, and its batching.
+
+The first part drives :class:`Uploads` (start, completion, what the budget
+gets back) with uploads completed by hand; the second the per-job
+:class:`BatchingScheduler`: one object per flush, its triggers, failures and
+shutdown.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +14,186 @@ from collections.abc import Callable
 
 import pytest
 
-from dstl_client.core.errors import ShuttingDown, UploadFailed
+from dstl_client.core.errors import ShuttingDown, SqnOutOfRange, UploadFailed
 from dstl_client.core.format import Changeset, pack_changes, parse_kg_block, parse_log_header
 from dstl_client.core.handle import HandleEntry
-from dstl_server.batching import BatchingScheduler
-from dstl_server.log import UploadTask, WriterLog
+from dstl_server.log import PART_OVERHEAD_BYTES, WriterLog
 from dstl_server.metrics import ServerMetrics
-from tests.dstl_server._fakes import MemoryUploader, sample
+from dstl_server.throttle import MemoryBudget
+from dstl_server.uploads import BatchingScheduler, Uploads, UploadTask
+from tests.dstl_server._fakes import MemoryUploader, sample, settings
+
+# ---------------------------------------------------------------- lifecycle
+
+
+class Node:
+    """Uploads and the budget as the registry holds them, for hand-completed uploads.
+
+    Nothing flushes by itself here (a minute's persist delay, one of two
+    writers persisting), so each test completes its uploads with
+    :func:`complete`.
+    """
+
+    def __init__(self) -> None:
+        self.budget = MemoryBudget(1 << 40, 1.0, lambda: None)
+        self.uploads = Uploads(
+            settings(persist_delay_ms=60_000.0),
+            MemoryUploader(),
+            ServerMetrics(),
+            self.budget,
+            open_writers=lambda job_id: 2,
+        )
+
+    async def add(self, wl: WriterLog, kg: int, *changes: bytes) -> int:
+        """Append one part as the registry does; return what the budget was charged."""
+        packed = pack_changes(list(changes))
+        n = packed.nbytes + PART_OVERHEAD_BYTES
+        await self.budget.acquire(n)
+        wl.append(kg, packed)
+        return n
+
+    def start(self, wl: WriterLog, after: int | None = None) -> UploadTask:
+        return self.uploads.start(wl, wl.take_not_uploaded(after), preemptive=False)
+
+
+def new_log() -> WriterLog:
+    return WriterLog("job", "op", (4, 7))
+
+
+def entry(task: UploadTask, key: str = "job/00/k") -> HandleEntry:
+    return HandleEntry(key, 16, 100, task.changesets[0].sqn, task.end_sqn)
+
+
+async def complete(task: UploadTask, result: HandleEntry | None) -> None:
+    """End ``task``'s upload as the scheduler would (``None``: it failed); wait for its completion."""
+    if result is None:
+        task.future.set_exception(UploadFailed("injected upload failure"))
+    else:
+        task.future.set_result(result)
+    ran = asyncio.Event()
+    task.future.add_done_callback(lambda _: ran.set())  # runs after the completion callback
+    await ran.wait()
+
+
+async def test_upload_success_frees_data_and_keeps_the_entry() -> None:
+    node, wl = Node(), new_log()
+    nbytes = await node.add(wl, 4, b"abc")
+    wl.rollover()
+    nbytes += await node.add(wl, 5, b"de")
+    wl.rollover()
+    task = node.start(wl)
+    assert sorted(wl.uploading) == [0, 1] and not wl.not_uploaded
+    assert wl.sections_from(0) == [task]  # one task covering two SQNs, listed once
+    assert node.budget.used == nbytes and task in node.uploads.running
+    e = entry(task)
+    await complete(task, e)
+    assert node.budget.used == 0  # all of it freed
+    assert task not in node.uploads.running
+    assert wl.uploaded == {0: e, 1: e} and not wl.uploading
+    assert wl.sections_from(0) == [e]
+    assert wl.sections_from(1) == [e]
+    assert wl.sections_from(2) == []
+
+
+async def test_upload_failure_returns_changesets() -> None:
+    node, wl = Node(), new_log()
+    nbytes = await node.add(wl, 4, b"abc")
+    wl.rollover()
+    task = node.start(wl)
+    await complete(task, None)
+    assert sorted(wl.not_uploaded) == [0] and not wl.uploading
+    assert node.budget.used == nbytes  # nothing freed: the changes are kept
+
+
+async def test_upload_failure_after_truncate_or_close_frees() -> None:
+    node, wl = Node(), new_log()
+    nbytes = await node.add(wl, 4, b"abc")
+    wl.rollover()
+    later = await node.add(wl, 4, b"later")
+    wl.rollover()
+    task = node.start(wl, after=0)
+    node.budget.release(wl.truncate(1))  # SQN 0 is no longer needed, SQN 1 is
+    assert node.budget.used == nbytes + later  # both still held by the upload
+    await complete(task, None)
+    assert node.budget.used == later  # SQN 0 freed
+    assert sorted(wl.not_uploaded) == [1]
+
+    node2, wl2 = Node(), new_log()
+    n2 = await node2.add(wl2, 4, b"x")
+    wl2.rollover()
+    task2 = node2.start(wl2)
+    assert wl2.close() == 0  # the uploading bytes are not freed by close...
+    assert node2.budget.used == n2
+    await complete(task2, None)
+    assert node2.budget.used == 0  # ...but when the upload ends
+    assert not wl2.not_uploaded
+
+
+async def test_sections_mix_uploaded_and_uploading_in_sqn_order() -> None:
+    node, wl = Node(), new_log()
+    await node.add(wl, 4, b"a")
+    wl.rollover()
+    t1 = node.start(wl)
+    e1 = entry(t1, "job/00/one")
+    await complete(t1, e1)
+    await node.add(wl, 4, b"b")
+    wl.rollover()
+    await node.add(wl, 4, b"c")
+    wl.rollover()
+    t2 = node.start(wl)
+    assert wl.sections_from(0) == [e1, t2]
+    assert wl.sections_from(1) == [t2]
+    assert wl.sections_from(2) == [t2]  # t2 holds SQN 1 and 2: the reader filters SQN 1
+
+
+async def test_truncate_after_an_upload() -> None:
+    node, wl = Node(), new_log()
+    n0 = await node.add(wl, 4, b"zero")
+    wl.rollover()
+    t = node.start(wl)
+    await complete(t, entry(t))
+    n1 = await node.add(wl, 4, b"one")
+    wl.rollover()
+    n2 = await node.add(wl, 4, b"two")
+    assert node.budget.used == n1 + n2 and n0
+    with pytest.raises(SqnOutOfRange):
+        wl.truncate(3)
+    freed = wl.truncate(2)
+    assert freed == n1  # active changeset 2 stays
+    node.budget.release(freed)
+    assert not wl.uploaded and not wl.not_uploaded
+    assert node.budget.used == n2 and wl.truncated_before == 2
+    assert wl.truncate(2) == 0
+    assert wl.truncate(1) == 0  # going back is a no-op
+    assert wl.truncated_before == 2
+
+
+async def test_successful_upload_after_close_keeps_no_reference() -> None:
+    node, wl = Node(), new_log()
+    await node.add(wl, 4, b"x")
+    wl.rollover()
+    t = node.start(wl)
+    node.budget.release(wl.close())
+    await complete(t, entry(t))
+    assert wl.uploaded == {} and node.budget.used == 0
+
+
+async def test_abandon_fails_every_running_upload() -> None:
+    node, wl = Node(), new_log()
+    n = await node.add(wl, 4, b"x")
+    wl.rollover()
+    t = node.start(wl)
+    ran = asyncio.Event()
+    t.future.add_done_callback(lambda _: ran.set())
+    node.uploads.abandon(ShuttingDown("stopped"))
+    await ran.wait()
+    with pytest.raises(ShuttingDown, match="stopped"):
+        t.future.result()
+    assert not node.uploads.running
+    assert sorted(wl.not_uploaded) == [0] and node.budget.used == n  # kept, as any failure
+
+
+# ---------------------------------------------------------------- batching
 
 _sqns: dict[str, int] = {}
 
@@ -25,7 +204,7 @@ def make_task(wl: WriterLog, payload: bytes, *, preemptive: bool = False) -> Upl
     _sqns[wl.log_id] = sqn + 1
     cs = Changeset(sqn, {wl.key_group_range[0]: [pack_changes([payload])]})
     fut: asyncio.Future[HandleEntry] = asyncio.get_running_loop().create_future()
-    return UploadTask(wl, [cs], sqn + 1, cs.nbytes, preemptive, fut)
+    return UploadTask(wl, [cs], preemptive, fut)
 
 
 def scheduler(

@@ -1,0 +1,120 @@
+"""Orphan cleanup through the sidecar: the driver never opens the blob store.
+
+Objects a crash left behind (uploaded, then no checkpoint record came to
+refer to them) are found by listing the job's objects with the sidecar's
+``ListObjects`` and removed with ``DiscardObjects``; the driver needs only
+its sidecar address and job token, no storage credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+
+from dstl_client.client import ChangelogClient
+from dstl_client.core.errors import ConfigError, InvalidArgument
+from dstl_client.core.keys import check_job_id
+
+log = logging.getLogger(__name__)
+
+#: objects younger than this are never swept (default ``grace_s``)
+DEFAULT_GRACE_S = 600.0
+#: keys per DiscardObjects call (the sidecar accepts up to 10,000)
+DISCARD_BATCH = 10_000
+
+
+class OrphanSweeper:
+    """Deletes a job's objects that nothing refers to and that are old enough.
+
+    :meth:`sweep` lists the job's objects through the sidecar
+    (``ListObjects``, paged) and deletes through it (``DiscardObjects``, at
+    most :data:`DISCARD_BATCH` keys per call) every object that is
+
+    * not in ``referenced`` (the caller passes the keys of every retained
+      checkpoint record of *every* keyed operator of the job), and
+    * older than ``grace_s`` by its modification time at the store.
+
+    Invariants:
+
+    * An object in ``referenced`` is never deleted; nor is one younger than
+      ``grace_s`` or one whose age the store cannot tell (``modified`` 0).
+      The age guard is what makes a sweep safe while other writers of the
+      job run (a second keyed operator, a second driver): an object such a
+      writer uploads for a checkpoint it has not recorded yet is young, and
+      its older objects are in its retained records, which the caller
+      includes in ``referenced``. So ``grace_s`` must exceed the longest
+      time from an upload to the record that refers to it (the checkpoint
+      timeout, 600 s by default) plus the clock difference between this
+      machine and the store.
+    * Only the sidecar touches the store, and only the job's own objects:
+      the sidecar authorises every call against the client's token (a job
+      token reaches only its job, else
+      :class:`~dstl_client.core.errors.PermissionDenied`).
+    * Memory is bounded by one page and one discard batch, not by the
+      number of objects: keys are discarded while the listing goes on
+      (deleting keys already listed does not disturb the paging).
+    * Errors of the sidecar (:class:`~dstl_client.core.errors.DstlError`)
+      propagate and end the sweep; what it deleted stays deleted and a later
+      sweep picks up the rest (a sweep is idempotent), so callers treat
+      cleanup as best effort: catch, log, try again at the next start.
+
+    Thread: holds no mutable state; :meth:`sweep` may run on any thread (the
+    client is thread-safe). Concurrent sweeps of one job are harmless but
+    wasteful.
+    """
+
+    def __init__(
+        self,
+        client: ChangelogClient,
+        job_id: str,
+        *,
+        grace_s: float = DEFAULT_GRACE_S,
+        page_size: int = 1000,
+    ) -> None:
+        try:
+            check_job_id(job_id)
+        except InvalidArgument as exc:
+            raise ConfigError(exc.message) from None
+        if not grace_s >= 0:
+            raise ConfigError(f"grace_s={grace_s}: must be >= 0")
+        if page_size < 1:
+            raise ConfigError(f"page_size={page_size}: must be >= 1")
+        self.client = client
+        self.job_id = job_id
+        self.grace_s = float(grace_s)
+        self.page_size = page_size
+
+    def sweep(self, referenced: Collection[str], *, now: float | None = None) -> int:
+        """Delete the job's unreferenced objects older than ``grace_s``; return how many.
+
+        ``now`` (unix seconds, default the current time) is what ages are
+        measured against.
+        """
+        keep = referenced if isinstance(referenced, set | frozenset) else set(referenced)
+        cutoff = (time.time() if now is None else now) - self.grace_s
+        listed = young = deleted = 0
+        batch: list[str] = []
+        for obj in self.client.list_objects(self.job_id, page_size=self.page_size):
+            listed += 1
+            if obj.key in keep:
+                continue
+            if obj.modified <= 0 or obj.modified > cutoff:
+                young += 1
+                continue
+            batch.append(obj.key)
+            if len(batch) >= DISCARD_BATCH:
+                deleted += self.client.discard_objects(self.job_id, batch)
+                batch = []
+        if batch:
+            deleted += self.client.discard_objects(self.job_id, batch)
+        log.info(
+            "orphan sweep of job %s: %d objects listed, %d deleted (unreferenced, older "
+            "than %gs), %d unreferenced but younger kept",
+            self.job_id,
+            listed,
+            deleted,
+            self.grace_s,
+            young,
+        )
+        return deleted

@@ -1,0 +1,211 @@
+"""What the driver and the tasks of a keyed operator tell each other (the only place).
+
+* :class:`BatchPlan`: the driver to every task of one batch (in Spark it
+  travels pickled in the closure of the batch's ``mapInArrow`` function).
+* :class:`TaskResult`: one task to the driver (JSON bytes in the task's
+  result row), with its :class:`MatResult` and its :class:`TaskStats`.
+
+All of them are frozen: a message is built once and never changed, so the
+driver and the task never share mutable state. They are plain data, safe to
+use from any thread.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from dstl_client.coordinator.codec import (
+    flat_from_json,
+    flat_to_json,
+    handle_from_text,
+    handle_to_text,
+)
+from dstl_client.coordinator.records import NO_BATCH, CheckpointRecord
+from dstl_client.core.errors import InvalidArgument
+from dstl_client.core.handle import ChangelogHandle
+from dstl_client.keygroups import KeyGroupRange
+from dstl_client.state.backend import DEFAULT_CACHE_ROWS
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """What the driver tells every task of one batch."""
+
+    job_id: str
+    operator_id: str
+    batch_id: int
+    parallelism: int
+    max_parallelism: int
+    state_dir: str
+    #: the last committed checkpoint (``None`` before the first one)
+    committed: CheckpointRecord | None
+    #: sidecar address; a task prefers ``$DSTL_ADDRESS`` of its node
+    dstl_address: str | None = None
+    dstl_token: str | None = None
+    materialize: bool = False
+    #: baseline mode: materialize every key group, changed or not
+    full_snapshot: bool = False
+    persist_timeout_s: float = 120.0
+    cache_rows: int = DEFAULT_CACHE_ROWS
+
+    @property
+    def committed_batch(self) -> int:
+        return NO_BATCH if self.committed is None else self.committed.batch_id
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStats:
+    """Figures of one task attempt of one batch; durations in seconds.
+
+    The driver sums them into a
+    :class:`~dstl_client.coordinator.stats.CheckpointStats` by field, never by name.
+    """
+
+    #: input rows and distinct keys the user function saw
+    rows: int = 0
+    keys: int = 0
+    #: state changes logged, their bytes, and the bytes the persist stored
+    changes: int = 0
+    logged_bytes: int = 0
+    persisted_bytes: int = 0
+    #: the local store's size after the batch
+    state_bytes: int = 0
+    key_groups_touched: int = 0
+    lock_s: float = 0.0
+    open_s: float = 0.0
+    apply_s: float = 0.0
+    persist_s: float = 0.0
+    mat_wait_s: float = 0.0
+    local_commit_s: float = 0.0
+    task_s: float = 0.0
+    #: the store was emptied (no checkpoint yet, but a stale store was found)
+    reset: bool = False
+    #: the store was rebuilt from the committed checkpoint
+    restored: bool = False
+    restore_s: float = 0.0
+    restore_rows: int = 0
+    restore_replayed: int = 0
+    restore_bytes: int = 0
+    #: the attempt created a new changelog writer (first run, or the old log was gone)
+    new_writer: bool = False
+    #: the log id of a writer the attempt gave up (see ``Subtask.close``)
+    abandoned_log: str = ""
+    #: the changelog was truncated below this SQN in this attempt (0: not)
+    truncated_before: int = 0
+    mat_s: float = 0.0
+    mat_bytes: int = 0
+    mat_kgs: int = 0
+    mat_dirty_kgs: int = 0
+    #: the engine's attempt number of the task (Spark: ``TaskContext.attemptNumber``)
+    task_attempt: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return flat_to_json(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any] | None) -> TaskStats:
+        return flat_from_json(cls, doc)
+
+
+@dataclass(frozen=True, slots=True)
+class MatResult:
+    """What one subtask materialized: its state as of ``batch``.
+
+    ``uploaded`` key groups are in ``part``; ``cleared`` ones changed and are
+    now empty; the others of the range did not change and are re-referenced.
+    """
+
+    batch: int
+    part: ChangelogHandle | None
+    uploaded: tuple[int, ...]
+    cleared: tuple[int, ...]
+    full: bool = False
+
+    @property
+    def part_id(self) -> str | None:
+        return None if self.part is None else self.part.log_id
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "batch": self.batch,
+            "part": None if self.part is None else handle_to_text(self.part),
+            "uploaded": list(self.uploaded),
+            "cleared": list(self.cleared),
+            "full": self.full,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> MatResult:
+        return cls(
+            int(doc["batch"]),
+            None if doc["part"] is None else handle_from_text(doc["part"]),
+            tuple(int(kg) for kg in doc["uploaded"]),
+            tuple(int(kg) for kg in doc["cleared"]),
+            bool(doc.get("full", False)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    """What one subtask reports for one batch (travels as JSON bytes)."""
+
+    index: int
+    first: int
+    last: int
+    batch_id: int
+    attempt: str
+    changelog: ChangelogHandle | None
+    mat: MatResult | None = None
+    mat_error: str = ""
+    stats: TaskStats = field(default_factory=TaskStats)
+    #: the log id of the subtask's changelog writer (the driver closes it on stop)
+    log_id: str = ""
+
+    @property
+    def kg_range(self) -> KeyGroupRange:
+        return KeyGroupRange(self.first, self.last)
+
+    def object_keys(self) -> set[str]:
+        keys: set[str] = set()
+        if self.changelog is not None:
+            keys.update(self.changelog.object_keys)
+        if self.mat is not None and self.mat.part is not None:
+            keys.update(self.mat.part.object_keys)
+        return keys
+
+    def to_bytes(self) -> bytes:
+        doc = {
+            "index": self.index,
+            "first": self.first,
+            "last": self.last,
+            "batch_id": self.batch_id,
+            "attempt": self.attempt,
+            "changelog": None if self.changelog is None else handle_to_text(self.changelog),
+            "mat": None if self.mat is None else self.mat.to_json(),
+            "mat_error": self.mat_error,
+            "stats": self.stats.to_json(),
+            "log_id": self.log_id,
+        }
+        return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TaskResult:
+        try:
+            doc = json.loads(data)
+        except ValueError as exc:
+            raise InvalidArgument(f"task result is not JSON: {exc}") from None
+        m = doc.get("mat")
+        return cls(
+            index=int(doc["index"]),
+            first=int(doc["first"]),
+            last=int(doc["last"]),
+            batch_id=int(doc["batch_id"]),
+            attempt=str(doc["attempt"]),
+            changelog=None if doc["changelog"] is None else handle_from_text(doc["changelog"]),
+            mat=None if m is None else MatResult.from_json(m),
+            mat_error=str(doc.get("mat_error") or ""),
+            stats=TaskStats.from_json(doc.get("stats")),
+            log_id=str(doc.get("log_id") or ""),
+        )

@@ -1,0 +1,93 @@
+"""Configuration overrides of a running job, persisted next to its checkpoint records.
+
+``PATCH .../checkpoints/configuration`` (see :mod:`.rest`) changes the
+checkpoint timeout and the materialization interval of the running job.
+The values are kept in ``config-overrides.json`` (milliseconds, by their REST
+names) so a restarted driver applies them again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from pathlib import Path
+
+from dstl_client.coordinator.config import CoordinatorConfig
+from dstl_client.core.atomic import write_replace
+from dstl_client.core.errors import ConfigError, DstlError
+
+TIMEOUT = "checkpointTimeout"
+INTERVAL = "materializationInterval"
+FIELDS = (TIMEOUT, INTERVAL)
+
+
+class ConfigUpdateInProgress(DstlError):
+    """Another configuration update of the job is running (HTTP 409)."""
+
+    grpc_code = "ABORTED"
+    kind = "config_update_in_progress"
+
+
+def check_override(name: str, value: object) -> None:
+    """:class:`ConfigError` unless ``value`` is a positive integer (milliseconds)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer (milliseconds)")
+
+
+def apply_overrides(config: CoordinatorConfig, overrides: dict[str, int]) -> CoordinatorConfig:
+    """``config`` with the overrides applied (validated)."""
+    if TIMEOUT in overrides:
+        config = dataclasses.replace(config, checkpoint_timeout_s=overrides[TIMEOUT] / 1000)
+    if INTERVAL in overrides:
+        config = dataclasses.replace(config, materialize_interval_s=overrides[INTERVAL] / 1000)
+    config.validate()
+    return config
+
+
+class ConfigOverrides:
+    """The persisted overrides of one operator's checkpoint configuration.
+
+    Invariants: an update is written (atomically, with
+    :func:`~dstl_client.core.atomic.write_replace`) before the caller applies
+    it, so what runs is never ahead of what a restart would apply; one update
+    runs at a time (``update_lock``, taken without waiting: a concurrent update
+    gets :class:`ConfigUpdateInProgress`); only known fields are kept.
+
+    Threads: any (REST handler threads, the driver); :meth:`update` is
+    serialised by ``update_lock``, :meth:`read` takes no lock (the file is
+    replaced atomically).
+    """
+
+    def __init__(self, path: Path, *, fsync: bool = True) -> None:
+        self.path = path
+        self._fsync = fsync
+        self.update_lock = threading.Lock()
+
+    def read(self) -> dict[str, int]:
+        try:
+            doc = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"unreadable {self.path}: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(f"unreadable {self.path}: not a JSON object")
+        return {k: int(v) for k, v in doc.items() if k in FIELDS}
+
+    def update(
+        self, config: CoordinatorConfig, changes: dict[str, int]
+    ) -> tuple[CoordinatorConfig, dict[str, int]]:
+        """Persist ``changes`` over the stored overrides; the config they make, and them.
+
+        The caller holds ``update_lock``. Raises :class:`ConfigError` for
+        invalid values, before anything is written.
+        """
+        for name, value in changes.items():
+            if name not in FIELDS:
+                raise ConfigError(f"unknown configuration field {name!r}")
+            check_override(name, value)
+        overrides = {**self.read(), **changes}
+        new = apply_overrides(config, overrides)
+        write_replace(self.path, json.dumps(overrides).encode(), fsync=self._fsync)
+        return new, overrides

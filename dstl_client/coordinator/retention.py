@@ -1,0 +1,198 @@
+"""Retention: the retained checkpoints of one operator, their references, discards, orphans.
+
+The newest ``retain`` records are kept; the :class:`SharedStateRegistry`
+counts the objects they refer to. A record beyond the retained number is
+deleted and the objects no retained record refers to any more are discarded
+through the sidecar (``DiscardObjects``).
+
+One sidecar object holds the sections of many writers of the job, so the
+keyed operators of one job share objects: an object is discarded only when
+no record of *any* keyed operator of the job on disk (under the job's
+checkpoint metadata, see :class:`~dstl_client.coordinator.config.CoordinatorConfig`)
+refers to it, and the orphan sweep is told every operator's references.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Collection, Iterable
+from typing import Protocol
+
+from dstl_client.client import ChangelogClient
+from dstl_client.coordinator.config import CoordinatorConfig
+from dstl_client.coordinator.records import CheckpointRecord
+from dstl_client.coordinator.registry import SharedStateRegistry
+from dstl_client.coordinator.storage import CheckpointStorage
+from dstl_client.core.errors import ConfigError, DstlError
+
+log = logging.getLogger(__name__)
+
+#: keys per DiscardObjects call (the sidecar accepts up to 10,000)
+_DISCARD_CHUNK = 5_000
+
+
+class Sweeper(Protocol):
+    """What removes orphans (see :class:`~dstl_client.coordinator.cleanup.OrphanSweeper`)."""
+
+    def sweep(self, referenced: Collection[str], *, now: float | None = None) -> int: ...
+
+
+SweeperFactory = Callable[[ChangelogClient, str, float], Sweeper]
+"""``factory(client, job_id, grace_s)`` -> the sweeper of one start."""
+
+
+class UnreadableRecords(DstlError):
+    """A record of another keyed operator of the job could not be read."""
+
+    kind = "unreadable_records"
+
+
+def records_object_keys(directory: CheckpointStorage) -> set[str]:
+    """Every object the records in ``directory`` refer to (:class:`UnreadableRecords`)."""
+    keys: set[str] = set()
+    for b in directory.batch_ids():
+        try:
+            keys |= directory.load(b).object_keys()
+        except FileNotFoundError:  # dropped meanwhile by its operator
+            continue
+        except (DstlError, OSError, ValueError) as exc:
+            raise UnreadableRecords(f"{directory.path_of(b)}: {exc}") from None
+    return keys
+
+
+class RetainedCheckpoints:
+    """The retained records of one operator and the objects they keep alive.
+
+    Invariants: ``registry`` counts exactly the records in :attr:`records`
+    (oldest first, at most ``retain`` after :meth:`add`); a record file is
+    deleted before its objects are discarded; an object is discarded only
+    while no retained record of this operator and no record on disk of
+    another keyed operator of the job refers to it; a failed discard is
+    retried at the next one.
+
+    Thread: not thread-safe; the coordinator calls it under its lock.
+    """
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        storage: CheckpointStorage,
+        client: Callable[[], ChangelogClient],
+    ) -> None:
+        self.config = config
+        self.storage = storage
+        self._client = client
+        self.registry = SharedStateRegistry()
+        self._records: deque[CheckpointRecord] = deque()
+        self._undiscarded: set[str] = set()
+
+    @property
+    def records(self) -> list[CheckpointRecord]:
+        return list(self._records)
+
+    @property
+    def latest(self) -> CheckpointRecord | None:
+        return self._records[-1] if self._records else None
+
+    # ------------------------------------------------------------------ start
+    def load(self) -> set[str]:
+        """Load and register the retained records, delete older ones; their objects' keys.
+
+        Raises :class:`ConfigError` when a record belongs to another job or
+        operator or was taken with another ``max_parallelism``.
+        """
+        cfg = self.config
+        self.storage.remove_temp_files()
+        ids = self.storage.batch_ids()
+        keep_ids = ids[-cfg.retain :]
+        drop_ids = ids[: -cfg.retain] if len(ids) > cfg.retain else []
+        for rec in (self.storage.load(b) for b in keep_ids):
+            if rec.job_id != cfg.job_id or rec.operator_id != cfg.operator_id:
+                raise ConfigError(
+                    f"{self.storage.path_of(rec.batch_id)} belongs to job {rec.job_id!r} "
+                    f"operator {rec.operator_id!r}, not {cfg.job_id!r} {cfg.operator_id!r}"
+                )
+            if rec.max_parallelism != cfg.max_parallelism:
+                raise ConfigError(
+                    f"max_parallelism={cfg.max_parallelism} but the checkpoints were taken "
+                    f"with {rec.max_parallelism}: it is fixed when a job is created"
+                )
+            self.registry.register(rec.batch_id, rec.object_keys())
+            self._records.append(rec)
+        dropped: set[str] = set()
+        for b in drop_ids:
+            try:
+                dropped |= self.storage.load(b).object_keys()
+            except (DstlError, OSError, ValueError) as exc:
+                log.warning("unreadable old checkpoint record %d: %s", b, exc)
+            self.storage.delete(b)
+        return dropped
+
+    def remove_orphans(self, dropped: set[str], sweeper: Sweeper | None) -> int:
+        """Discard the objects of records dropped at start, then sweep the job's orphans.
+
+        Best effort: a failing sweep is logged (the next start sweeps again).
+        """
+        try:
+            referenced = self.job_referenced()
+        except UnreadableRecords as exc:
+            log.warning("no orphan cleanup of job %s: %s", self.config.job_id, exc)
+            return 0
+        removed = self.discard(dropped - referenced) if dropped - referenced else 0
+        if sweeper is not None:
+            try:
+                removed += sweeper.sweep(referenced)
+            except DstlError as exc:
+                log.warning("orphan sweep of job %s failed: %s", self.config.job_id, exc)
+        return removed
+
+    # ---------------------------------------------------------------- records
+    def add(self, record: CheckpointRecord) -> int:
+        """Retain a new record, drop those beyond ``retain``; the number of objects discarded."""
+        self.registry.register(record.batch_id, record.object_keys())
+        self._records.append(record)
+        unused: set[str] = set(self._undiscarded)
+        while len(self._records) > self.config.retain:
+            old = self._records.popleft()
+            self.storage.delete(old.batch_id)
+            unused.update(self.registry.unregister(old.batch_id))
+        unused = {k for k in unused if not self.registry.is_referenced(k)}
+        return self.discard(unused) if unused else 0
+
+    def job_referenced(self) -> set[str]:
+        """Objects any retained record of this operator or any record of another operator uses."""
+        keys = set(self.registry.referenced())
+        for directory in self.config.other_records_dirs():
+            keys |= records_object_keys(CheckpointStorage(directory, fsync=False))
+        return keys
+
+    def discard(self, keys: Iterable[str]) -> int:
+        """Delete objects through the sidecar; failures are retried at the next chance."""
+        todo = set(keys)
+        if not todo:
+            return 0
+        others = self.config.other_records_dirs()
+        if others:
+            shared: set[str] = set()
+            try:
+                for directory in others:
+                    shared |= records_object_keys(CheckpointStorage(directory, fsync=False))
+            except UnreadableRecords as exc:
+                log.warning("discards postponed: %s", exc)
+                self._undiscarded.update(todo)
+                return 0
+            # what another operator still uses is its to discard once it drops it
+            self._undiscarded.difference_update(todo & shared)
+            todo -= shared
+        deleted = 0
+        ordered = sorted(todo)
+        for i in range(0, len(ordered), _DISCARD_CHUNK):
+            chunk = ordered[i : i + _DISCARD_CHUNK]
+            try:
+                deleted += self._client().discard_objects(self.config.job_id, chunk)
+                self._undiscarded.difference_update(chunk)
+            except DstlError as exc:
+                log.warning("discarding %d objects failed (retried later): %s", len(chunk), exc)
+                self._undiscarded.update(chunk)
+        return deleted

@@ -1,0 +1,115 @@
+"""The options of a keyed query: one frozen object, defaults inherited, never repeated.
+
+:class:`KeyedOptions` extends
+:class:`~dstl_client.coordinator.config.CheckpointSettings` (every checkpoint
+tunable and its default) with the query's own options, and builds the
+coordinator's :class:`~dstl_client.coordinator.config.CoordinatorConfig`
+from itself. ``process_keyed(..., parallelism=2, checkpoint_dir=...)`` maps
+its keyword arguments onto these fields (:meth:`KeyedOptions.of`).
+
+Frozen: safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dstl_client.coordinator.config import (
+    DEFAULT_OPERATOR,
+    CheckpointSettings,
+    CoordinatorConfig,
+)
+from dstl_client.core.errors import ConfigError
+from dstl_client.keygroups import check_parallelism
+
+#: keywords of earlier versions, and what became of them
+_REMOVED = {
+    "storage_url": "orphans are swept through the sidecar (see orphan_grace_s)",
+    "lister": "orphans are swept through the sidecar (see orphan_grace_s)",
+}
+
+
+def default_job_id(checkpoint_dir: str) -> str:
+    """A job id derived from the checkpoint directory (stable across restarts)."""
+    path = str(Path(checkpoint_dir).resolve())
+    base = re.sub(r"[^A-Za-z0-9._-]", "-", Path(path).name).strip("-.") or "job"
+    return f"{base[:100]}-{zlib.crc32(path.encode()):08x}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyedOptions(CheckpointSettings):
+    """How a keyed query runs (the checkpoint tunables are inherited, with their defaults)."""
+
+    #: Spark's checkpoint (``spark/``) and the checkpoint records (``dstl/``)
+    checkpoint_dir: str
+    #: subtasks of the operator; may change between runs (up to ``max_parallelism``)
+    parallelism: int
+    #: the job's id at the sidecar (default: derived from ``checkpoint_dir``)
+    job_id: str | None = None
+    #: ``DataStreamWriter.trigger`` keywords, e.g. ``{"processingTime": "5 seconds"}``
+    trigger: Mapping[str, Any] | None = None
+    query_name: str | None = None
+    #: Prometheus metrics of the coordinator on this port (0: any free one)
+    metrics_port: int | None = None
+    #: the dynamic configuration REST endpoint on this port (0: any free one)
+    config_port: int | None = None
+    #: start the streaming query (else only the coordinator is started)
+    start: bool = True
+    #: ``on_phase(phase, batch_id)`` on the driver: "planned", "tasks_done", "recorded"
+    on_phase: Callable[[str, int], None] | None = None
+
+    @classmethod
+    def of(cls, config: KeyedOptions | None, keywords: Mapping[str, Any]) -> KeyedOptions:
+        """``config`` (if any) with ``keywords`` applied to its fields.
+
+        Raises :class:`TypeError` naming an unknown keyword. ``None`` for a
+        text setting whose default is ``""`` means the default.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(keywords) - names)
+        if unknown:
+            hints = "; ".join(f"{k}: {_REMOVED[k]}" for k in unknown if k in _REMOVED)
+            raise TypeError(
+                f"process_keyed() got unexpected keyword arguments {unknown}"
+                + (f" ({hints})" if hints else "")
+                + f"; the options are {sorted(names)}"
+            )
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {
+            k: ("" if v is None and defaults.get(k) == "" else v) for k, v in keywords.items()
+        }
+        if config is not None:
+            return dataclasses.replace(config, **values)
+        missing = sorted(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.name not in values
+        )
+        if missing:
+            raise TypeError(f"process_keyed() needs the options {missing}")
+        return cls(**values)
+
+    def validate(self) -> None:
+        if not self.checkpoint_dir:
+            raise ConfigError("checkpoint_dir is required")
+        check_parallelism(self.parallelism, self.max_parallelism)
+        self.validate_settings()
+
+    def coordinator_config(self) -> CoordinatorConfig:
+        return CoordinatorConfig(
+            job_id=self.job_id or default_job_id(self.checkpoint_dir),
+            checkpoint_dir=self.checkpoint_dir,
+            **self.settings(),
+        )
+
+    @property
+    def spark_checkpoint_dir(self) -> Path:
+        """Spark's ``checkpointLocation`` of the query (one per keyed operator)."""
+        name = "spark" if self.operator_id == DEFAULT_OPERATOR else f"spark-{self.operator_id}"
+        return Path(self.checkpoint_dir) / name

@@ -1,0 +1,326 @@
+"""A writer: the log of one state backend instance, as its client sees it.
+
+Created by :meth:`dstl_client.client.ChangelogClient.create_writer`. See the
+class docstring for the call-order, batching and sticky-failure rules.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import secrets
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from dstl_client._buffer import PART_FRAMING_BYTES, ChangeBuffer
+from dstl_client._status import to_dstl_error
+from dstl_client.core._pb import dstl_pb2 as pb
+from dstl_client.core.errors import (
+    CallLost,
+    DstlError,
+    ShuttingDown,
+    SidecarUnavailable,
+    UploadFailed,
+    WriterClosed,
+    WriterFailed,
+)
+from dstl_client.core.format import MAX_PARTS_PER_REQUEST
+from dstl_client.core.handle import ChangelogHandle
+
+if TYPE_CHECKING:
+    from dstl_client.client import ChangelogClient
+
+#: room kept in every request for its fields besides the changes (log id, SQN,
+#: session, seq): the changes of one request are at most ``max_message_bytes``
+#: minus this, so gRPC never refuses a request the client built
+REQUEST_MARGIN_BYTES = 64 << 10
+
+
+class ChangelogWriter:
+    """The log of one state backend instance. Thread-safe.
+
+    Appends are buffered and sent in batches (``batch_bytes``); every other
+    call sends the buffer first, so the sidecar sees changes in call order.
+    Bad input (key group outside the range, a change over the limit) raises
+    at ``append``, before anything is buffered.
+
+    **A failed send fails the writer, for good.** ``append()`` returns before
+    its change is sent, so once a send of buffered changes fails (an
+    ``Append`` refused with :class:`~dstl_client.core.errors.Backpressure`, a lost
+    connection, a deadline; a persist that carried changes and failed with
+    anything but :class:`~dstl_client.core.errors.UploadFailed`) the writer can no
+    longer promise a complete log. The call whose send failed raises the
+    original typed error (``Backpressure``, ``SidecarUnavailable``...; for a
+    persist, through its future); every later call (``append``,
+    ``append_many``, ``flush``, ``last_appended_sqn``, ``persist_durably``,
+    ``truncate``) raises :class:`~dstl_client.core.errors.WriterFailed` with that
+    error as ``cause``, and a persist already in flight whose handle could
+    miss those changes fails with it too: no handle ever silently lacks a
+    change whose ``append`` returned. A ``last_appended_sqn`` or ``truncate``
+    whose outcome is unknown (unavailable, deadline, cancelled) fails the
+    writer as well; a refusal of the sidecar (e.g. ``SqnOutOfRange``) and an
+    ``UploadFailed`` (the sidecar keeps the changes, the next persist uploads
+    them) do not. Recover by recreating the writer and restoring from the
+    last checkpoint; ``close()`` still works on a failed writer.
+    """
+
+    def __init__(
+        self,
+        client: ChangelogClient,
+        job_id: str,
+        log_id: str,
+        key_group_range: tuple[int, int],
+        max_change_bytes: int,
+    ) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.log_id = log_id
+        self.key_group_range = key_group_range
+        # bytes of changes one request may carry, and the room left before an add
+        capacity = client.max_message_bytes - REQUEST_MARGIN_BYTES
+        self._room = capacity - PART_FRAMING_BYTES - 4
+        #: largest single change accepted: the sidecar's limit, or what fits in a request
+        self.max_change_bytes = min(max_change_bytes, self._room)
+        self._buffer = ChangeBuffer(key_group_range, self.max_change_bytes)
+        self._lock = threading.Lock()
+        # numbers the calls that change the log, within a random session (see the proto)
+        self._session = secrets.randbits(63) | 1
+        self._seq = 0
+        self._closed = False
+        self.last_sqn: int | None = None
+        # the error that failed the writer and the seq of its call; set once,
+        # also from gRPC callback threads, so under a lock of its own that is
+        # never held across a call (a callback may run in the calling thread)
+        self._failed: DstlError | None = None
+        self._failed_seq = 0
+        self._failed_lock = threading.Lock()
+        # resolved once the outcome of the latest persist is settled: a persist's
+        # handle is delivered only after every earlier persist's outcome is known
+        self._last_persist: concurrent.futures.Future[None] | None = None
+
+    @property
+    def failed(self) -> DstlError | None:
+        """The error that failed the writer (see the class docs), or ``None``."""
+        return self._failed
+
+    def _fail(self, exc: BaseException, seq: int) -> None:
+        """Fail the writer (the first failure wins)."""
+        cause = exc if isinstance(exc, DstlError) else DstlError(f"{type(exc).__name__}: {exc}")
+        with self._failed_lock:
+            if self._failed is None:
+                self._failed = cause
+                self._failed_seq = seq
+
+    def _writer_failed(self) -> WriterFailed:
+        cause = self._failed
+        assert cause is not None
+        return WriterFailed(
+            f"writer {self.log_id} failed earlier ({type(cause).__name__}: {cause.message}); "
+            "changes may be lost: recreate the writer and recover from the last checkpoint",
+            cause=cause,
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WriterClosed(f"writer {self.log_id} is closed")
+        if self._failed is not None:
+            raise self._writer_failed()
+
+    def append(self, key_group: int, data: bytes) -> None:
+        """Buffer one change of ``key_group``; sent when the batch is full."""
+        with self._lock:
+            self._check_open()
+            buf = self._buffer
+            buf.check(key_group, len(data))
+            if buf.count and buf.nbytes + buf.framing + len(data) > self._room:
+                self._send_locked()  # the request would outgrow max_message_bytes
+            buf.add(key_group, data)
+            if buf.nbytes >= self.client.batch_bytes or buf.parts >= MAX_PARTS_PER_REQUEST:
+                self._send_locked()
+
+    def append_many(self, changes: Iterable[tuple[int, bytes]]) -> None:
+        """Buffer many ``(key_group, data)`` changes under one lock acquisition.
+
+        Changes are checked one by one: on bad input, those before it stay buffered.
+        """
+        buf = self._buffer
+        limit = self.client.batch_bytes
+        room = self._room
+        with self._lock:
+            self._check_open()
+            for kg, data in changes:
+                buf.check(kg, len(data))
+                if buf.nbytes + buf.framing + len(data) > room and buf.count:
+                    self._send_locked()  # the request would outgrow max_message_bytes
+                buf.add(kg, data)
+                if buf.nbytes >= limit or buf.parts >= MAX_PARTS_PER_REQUEST:
+                    self._send_locked()
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _send_locked(self) -> None:
+        if not self._buffer.count:
+            return
+        seq = self._next_seq()
+        try:
+            resp = self.client._call(
+                self.client._stub.Append,
+                pb.AppendRequest(
+                    log_id=self.log_id,
+                    changes=self._buffer.drain(),
+                    session=self._session,
+                    seq=seq,
+                ),
+            )
+        except BaseException as exc:
+            # append() returned for these changes; they may be lost: fail for good
+            self._fail(exc, seq)
+            raise
+        self.last_sqn = int(resp.sqn)
+
+    def _call_ordered(self, method: Any, request: Any) -> Any:
+        """A call without changes; one whose outcome is unknown fails the writer."""
+        try:
+            return self.client._call(method, request)
+        except BaseException as exc:
+            if _outcome_unknown(exc):
+                self._fail(exc, request.seq)
+            raise
+
+    def flush(self) -> None:
+        """Send buffered appends now (they are still not durable)."""
+        with self._lock:
+            self._check_open()
+            self._send_locked()
+
+    def last_appended_sqn(self) -> int:
+        """Close the current changeset; return the boundary SQN (see the proto)."""
+        with self._lock:
+            self._check_open()
+            self._send_locked()
+            resp = self._call_ordered(
+                self.client._stub.LastAppendedSqn,
+                pb.LastAppendedSqnRequest(
+                    log_id=self.log_id, session=self._session, seq=self._next_seq()
+                ),
+            )
+            return int(resp.sqn)
+
+    def persist_durably(self, after: int) -> concurrent.futures.Future[ChangelogHandle]:
+        """Future of the handle of every change with SQN >= ``after``.
+
+        The buffer is sent first; then the call runs in the background. Failures
+        arrive through the future as :class:`~dstl_client.core.errors.DstlError`
+        (see the class docs for those that fail the writer).
+        """
+        out: concurrent.futures.Future[ChangelogHandle] = concurrent.futures.Future()
+        settled: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._lock:
+            self._check_open()
+            # The buffered changes travel inside the persist call: one round
+            # trip per checkpoint instead of two.
+            changes = self._buffer.drain() if self._buffer.count else []
+            seq = self._next_seq()
+            previous, self._last_persist = self._last_persist, settled
+            try:
+                call = self.client._stub.PersistDurably.future(
+                    pb.PersistRequest(
+                        log_id=self.log_id,
+                        after=after,
+                        changes=changes,
+                        session=self._session,
+                        seq=seq,
+                    ),
+                    metadata=self.client._metadata,
+                )
+            except BaseException as exc:  # e.g. the channel is closed
+                if changes:
+                    self._fail(exc, seq)
+                settled.set_result(None)
+                raise
+
+        def deliver(outcome: ChangelogHandle | BaseException) -> None:
+            try:
+                with self._failed_lock:
+                    # did an earlier call lose changes this handle would lack?
+                    lost_before = self._failed is not None and self._failed_seq < seq
+                if lost_before:  # whatever the sidecar answered
+                    out.set_exception(self._writer_failed())
+                elif isinstance(outcome, BaseException):
+                    out.set_exception(outcome)
+                else:
+                    out.set_result(outcome)
+            finally:
+                settled.set_result(None)
+
+        def done(f: Any) -> None:
+            outcome: ChangelogHandle | BaseException
+            try:
+                outcome = ChangelogHandle.from_proto(f.result().handle)
+            except grpc.RpcError as exc:
+                outcome = to_dstl_error(exc)
+            except BaseException as exc:  # grpc.FutureCancelledError, a bad handle...
+                outcome = exc
+            if isinstance(outcome, BaseException) and (
+                (changes and not isinstance(outcome, UploadFailed))
+                or isinstance(outcome, CallLost | WriterFailed)
+            ):
+                self._fail(outcome, seq)
+            if previous is None or previous.done():
+                deliver(outcome)
+            else:
+                previous.add_done_callback(lambda _: deliver(outcome))
+
+        call.add_done_callback(done)
+        return out
+
+    def truncate(self, before: int) -> None:
+        """Changes with SQN < ``before`` are no longer needed (materialized)."""
+        with self._lock:
+            self._check_open()
+            self._send_locked()
+            self._call_ordered(
+                self.client._stub.Truncate,
+                pb.TruncateRequest(
+                    log_id=self.log_id, before=before, session=self._session, seq=self._next_seq()
+                ),
+            )
+
+    def close(self) -> None:
+        """No more appends; buffered and unpersisted changes are dropped.
+
+        Works on a failed writer too, best effort: it then raises nothing.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._buffer.drain()
+            try:
+                self.client._call(
+                    self.client._stub.CloseWriter, pb.CloseWriterRequest(log_id=self.log_id)
+                )
+            except WriterFailed:
+                pass
+            except Exception:  # a DstlError, or the client's channel is closed
+                if self._failed is None:
+                    raise
+
+    def __enter__(self) -> ChangelogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _outcome_unknown(exc: BaseException) -> bool:
+    """Whether a failed call may or may not have been applied (or left its session broken)."""
+    if not isinstance(exc, DstlError):
+        return True  # interrupted in the middle of the call
+    if type(exc) is DstlError:  # untyped: an internal error, an unknown status
+        return True
+    return isinstance(exc, SidecarUnavailable | ShuttingDown | CallLost | WriterFailed)

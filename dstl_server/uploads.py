@@ -1,0 +1,292 @@
+"""One owner for an upload's lifecycle: the task, its scheduling and its completion.
+
+:class:`Uploads` (one per node, owned by the registry) starts an upload of
+changesets a writer closed, queues it in its job's :class:`BatchingScheduler`
+(one object per flush) and, when its future completes, records the outcome in
+the writer and frees the budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dstl_client.core.errors import DstlError, ShuttingDown, UploadFailed
+from dstl_client.core.format import BuiltObject, Changeset, build_object, encode_log_section
+from dstl_client.core.handle import HandleEntry
+from dstl_server.log import WriterLog, held_bytes
+from dstl_server.metrics import ServerMetrics
+from dstl_server.settings import ServerSettings
+from dstl_server.throttle import MemoryBudget
+from dstl_server.uploader import Uploader
+
+log = logging.getLogger(__name__)
+
+#: objects of at most this size are encoded on the event loop (no thread hop)
+_INLINE_ENCODE_BYTES = 256 * 1024
+
+
+@dataclass(slots=True, eq=False)
+class UploadTask:
+    """Changesets of one writer (in SQN order) that go into one log section of one object.
+
+    Invariants: ``future`` is completed exactly once: by the scheduler with
+    the entry of a complete object or with an error, or by
+    :meth:`Uploads.abandon`. A task made by :meth:`Uploads.start` has every
+    changeset in its writer's ``uploading`` map, mapped to it, until that
+    completion; then :meth:`Uploads` records the outcome (the future's first
+    done-callback, so before any persist waiting on it resumes).
+    Event-loop only.
+    """
+
+    log: WriterLog
+    changesets: list[Changeset]
+    preemptive: bool
+    future: asyncio.Future[HandleEntry] = field(repr=False)
+
+    @property
+    def end_sqn(self) -> int:
+        """Exclusive upper bound of the section's SQN range."""
+        return self.changesets[-1].sqn + 1
+
+    @property
+    def nbytes(self) -> int:
+        """Data bytes of the section's changes (its share of the object)."""
+        return sum(cs.nbytes for cs in self.changesets)
+
+
+class Uploads:
+    """Every upload of this node, from start to completion.
+
+    :meth:`start` marks the changesets uploading under one :class:`UploadTask`
+    and queues it in its job's scheduler (created on first use; every job
+    shares ``max_concurrent_uploads`` upload slots). When the task's future
+    completes, :meth:`_complete` runs once: on success the writer keeps the
+    handle entry for each changeset it still needs (open, not truncated past
+    it) and the data is freed; on failure the changesets go back to
+    not-uploaded (the next persist uploads them again) unless the writer was
+    closed or truncated past them, which frees them. What is freed is
+    released from the :class:`~dstl_server.throttle.MemoryBudget`.
+
+    Invariant: ``running`` holds exactly the started tasks whose completion
+    has not run. Event-loop only; the registry is its only caller.
+    """
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        uploader: Uploader,
+        metrics: ServerMetrics,
+        budget: MemoryBudget,
+        open_writers: Callable[[str], int],
+    ) -> None:
+        self.settings = settings
+        self.uploader = uploader
+        self.metrics = metrics
+        self.budget = budget
+        self._open_writers = open_writers
+        self._schedulers: dict[str, BatchingScheduler] = {}
+        self._slots = asyncio.Semaphore(settings.max_concurrent_uploads)
+        self.running: set[UploadTask] = set()
+
+    def _scheduler(self, job_id: str) -> BatchingScheduler:
+        sch = self._schedulers.get(job_id)
+        if sch is None:
+            s = self.settings
+            sch = BatchingScheduler(
+                job_id,
+                persist_delay_s=s.persist_delay_ms / 1000.0,
+                size_threshold=s.batch_size_threshold,
+                uploader=self.uploader,
+                upload_slots=self._slots,
+                metrics=self.metrics,
+                open_writers=lambda: self._open_writers(job_id),
+            )
+            self._schedulers[job_id] = sch
+        return sch
+
+    def start(self, wl: WriterLog, changesets: list[Changeset], *, preemptive: bool) -> UploadTask:
+        """Upload ``changesets`` (taken out of not-uploaded, SQN order) as one log section."""
+        fut: asyncio.Future[HandleEntry] = asyncio.get_running_loop().create_future()
+        task = UploadTask(wl, changesets, preemptive, fut)
+        for cs in changesets:
+            wl.uploading[cs.sqn] = task
+        self.running.add(task)
+        fut.add_done_callback(lambda _: self._complete(task))
+        self._scheduler(wl.job_id).submit(task)
+        return task
+
+    def preempt(self, wl: WriterLog) -> None:
+        """Close the writer's changeset and upload all it has not uploaded, persist or not."""
+        wl.rollover()
+        changesets = wl.take_not_uploaded(None)
+        if changesets:
+            self.metrics.preemptive_uploads.inc()
+            self.start(wl, changesets, preemptive=True)
+
+    def flush_all(self, trigger: str) -> None:
+        for sch in self._schedulers.values():
+            sch.flush(trigger)
+
+    def _complete(self, task: UploadTask) -> None:
+        self.running.discard(task)
+        fut = task.future
+        entry = None if fut.cancelled() or fut.exception() is not None else fut.result()
+        wl = task.log
+        freed = 0
+        for cs in task.changesets:
+            if wl.uploading.get(cs.sqn) is task:
+                del wl.uploading[cs.sqn]
+            keep = not wl.closed and cs.sqn >= wl.truncated_before
+            if entry is not None:
+                freed += held_bytes(cs)
+                if keep:
+                    wl.uploaded[cs.sqn] = entry
+            elif keep:
+                wl.not_uploaded[cs.sqn] = cs
+            else:
+                freed += held_bytes(cs)
+        self.budget.release(freed)
+
+    def abandon(self, failure: DstlError) -> None:
+        """Fail every running upload with ``failure`` (shutdown past its grace)."""
+        for task in list(self.running):
+            if not task.future.done():
+                task.future.set_exception(failure)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Flush every queue and wait for running uploads; refuse new tasks."""
+        results = await asyncio.gather(*(s.drain(timeout_s) for s in self._schedulers.values()))
+        return all(results)
+
+
+class BatchingScheduler:
+    """Collects upload tasks of one job and flushes them into single objects.
+
+    A flush takes every queued task and turns it into one object with one log
+    section per task. It fires when (a) ``persist_delay_s`` has passed since
+    the first task was queued, (b) queued bytes reach ``size_threshold``, or
+    (c) every open writer of the job has a persist task queued. Flushed
+    objects are uploaded concurrently, at most ``upload_slots`` at a time
+    (shared by every job on the node).
+
+    Invariants: a task is in the queue or in exactly one flush; its future is
+    completed exactly once, with the entry of a complete object or with an
+    error. ``queued_bytes`` is the data size of the queued tasks, i.e. of the
+    next object (the size trigger); memory is counted by the budget, not here.
+    Event-loop only; :class:`Uploads` submits and flushes.
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        *,
+        persist_delay_s: float,
+        size_threshold: int,
+        uploader: Uploader,
+        upload_slots: asyncio.Semaphore,
+        metrics: ServerMetrics,
+        open_writers: Callable[[], int],
+    ) -> None:
+        self.job_id = job_id
+        self.persist_delay_s = persist_delay_s
+        self.size_threshold = size_threshold
+        self.uploader = uploader
+        self.upload_slots = upload_slots
+        self.metrics = metrics
+        self._open_writers = open_writers
+        self._queue: list[UploadTask] = []
+        self._queued_bytes = 0
+        self._persisting: set[str] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
+    def submit(self, task: UploadTask) -> None:
+        """Queue a task; flush now or arm the delay timer."""
+        if self._closed:
+            task.future.set_exception(ShuttingDown("the sidecar is shutting down"))
+            return
+        self._queue.append(task)
+        self._queued_bytes += task.nbytes
+        if not task.preemptive:
+            self._persisting.add(task.log.log_id)
+        if self.persist_delay_s <= 0:
+            self.flush("immediate")
+        elif self._queued_bytes >= self.size_threshold:
+            self.flush("size")
+        elif self._persisting and len(self._persisting) >= self._open_writers():
+            self.flush("all_waiting")
+        elif self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.persist_delay_s, self.flush, "delay")
+
+    def flush(self, trigger: str) -> None:
+        """Take every queued task into one object and start its upload."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._queue:
+            return
+        tasks, self._queue = self._queue, []
+        self._queued_bytes = 0
+        self._persisting.clear()
+        self.metrics.flushes.labels(trigger).inc()
+        t = asyncio.get_running_loop().create_task(self._upload(tasks))
+        self._running.add(t)
+        t.add_done_callback(self._running.discard)
+
+    async def _upload(self, tasks: list[UploadTask]) -> None:
+        nbytes = sum(t.nbytes for t in tasks)
+        self.metrics.in_flight_bytes.inc(nbytes)
+        try:
+            async with self.upload_slots:
+                if nbytes <= _INLINE_ENCODE_BYTES:
+                    built = _encode(tasks)
+                else:
+                    built = await asyncio.to_thread(_encode, tasks)
+                key = await self.uploader.upload(self.job_id, built.data)
+        except Exception as exc:
+            err = exc if isinstance(exc, DstlError) else None
+            reason = err.message if err else repr(exc)
+            log.warning(
+                "upload of %d log section(s) for job %s failed: %s", len(tasks), self.job_id, reason
+            )
+            failure = UploadFailed(f"upload for job {self.job_id} failed: {reason}")
+            for t in tasks:
+                if not t.future.done():
+                    t.future.set_exception(failure)
+            return
+        finally:
+            self.metrics.in_flight_bytes.dec(nbytes)
+        self.metrics.logs_per_object.observe(len(tasks))
+        for t, (off, length) in zip(tasks, built.placements, strict=True):
+            if not t.future.done():
+                t.future.set_result(HandleEntry(key, off, length, t.changesets[0].sqn, t.end_sqn))
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Flush what is queued and wait for running uploads; refuse new tasks."""
+        self._closed = True
+        self.flush("shutdown")
+        if not self._running:
+            return True
+        deadline = time.monotonic() + timeout_s
+        _, pending = await asyncio.wait(
+            list(self._running), timeout=max(0.0, deadline - time.monotonic())
+        )
+        return not pending
+
+    def reopen(self) -> None:
+        self._closed = False
+
+
+def _encode(tasks: list[UploadTask]) -> BuiltObject:
+    sections = [encode_log_section(t.log.log_id_bytes, t.changesets, t.end_sqn) for t in tasks]
+    return build_object(sections)
