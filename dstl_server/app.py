@@ -16,6 +16,7 @@ from prometheus_client import start_http_server
 
 from dstl_client.core._pb import dstl_pb2
 from dstl_server.auth import Authenticator, TokenAuthInterceptor
+from dstl_server.forwarder import ParentForwarder
 from dstl_server.hedging import make_uploader
 from dstl_server.housekeeping import StoreHousekeeping
 from dstl_server.memory import release_free_memory
@@ -62,7 +63,9 @@ class DstlServer:
         self.store = store or open_store(settings.storage, settings)
         # One UploadExecutor: retries, hedging (unless hedge_mode is 'off'), one deadline.
         self.uploader = uploader or make_uploader(self.store, settings, self.metrics)
-        self.registry = LogRegistry(settings, self.uploader, self.metrics)
+        # With a parent (forwarding tree), small flushes go to it; else it is None.
+        self.forwarder = ParentForwarder.from_settings(settings, self.metrics)
+        self.registry = LogRegistry(settings, self.uploader, self.metrics, self.forwarder)
         self.auth = Authenticator(settings.auth_secret) if settings.auth_secret else None
         self.service = ChangelogService(
             self.registry, self.store, self.metrics, self.epoch, self.auth
@@ -230,6 +233,8 @@ class DstlServer:
             self._metrics_http.server_close()
         # losing hedged/failed attempts are deleted before the store goes away
         await self.uploader.close(grace)
+        if self.forwarder is not None:
+            await self.forwarder.close()
         await self.store.close()
         if self.settings.unix_socket:
             Path(self.settings.unix_socket).unlink(missing_ok=True)

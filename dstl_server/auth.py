@@ -7,7 +7,12 @@ one job or to the operator:
 
 * job token: ``dstl1.job.<job_id>.<mac>``, where ``mac`` is the unpadded
   base64url HMAC-SHA256 of ``dstl1/job/<job_id>`` under the node secret;
-* admin token: ``dstl1.admin.<mac>`` of ``dstl1/admin``.
+* admin token: ``dstl1.admin.<mac>`` of ``dstl1/admin``;
+* node token: ``dstl1.node.<mac>`` of ``dstl1/node``, which a node of a
+  forwarding tree presents to its parent (derived from its own secret, which
+  the nodes of a tree share, or read from ``parent_token_file``). It may call ``Forward`` (for any job: a node
+  serves every job on it) and nothing else; job and admin tokens may not
+  call ``Forward`` at all, so no job can forward into another job.
 
 The sidecar derives tokens, it stores none: an operator mints them with
 ``dstl-server --print-token JOB_ID`` (or ``admin``) on a machine that holds the
@@ -41,16 +46,19 @@ _MAX_TOKEN_CHARS = 512
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """An authenticated caller: one job (``job_id``) or the operator (``job_id is None``)."""
+    """An authenticated caller: one job (``job_id``), the operator (``job_id is None``)
+    or a child node of a forwarding tree (``node``; ``job_id is None``)."""
 
     job_id: str | None
+    node: bool = False
 
     @property
     def admin(self) -> bool:
-        return self.job_id is None
+        return self.job_id is None and not self.node
 
 
 ADMIN = Principal(None)
+NODE = Principal(None, node=True)
 
 
 class Authenticator:
@@ -77,6 +85,9 @@ class Authenticator:
     def admin_token(self) -> str:
         return f"{_PREFIX}admin.{self._mac('admin')}"
 
+    def node_token(self) -> str:
+        return f"{_PREFIX}node.{self._mac('node')}"
+
     def principal(self, token: str) -> Principal:
         """The caller a token stands for; :class:`Unauthenticated` if it is not valid."""
         if len(token) > _MAX_TOKEN_CHARS or not token.startswith(_PREFIX):
@@ -84,6 +95,8 @@ class Authenticator:
         body = token[len(_PREFIX) :]
         if body.startswith("admin."):
             expected, who = self.admin_token(), ADMIN
+        elif body.startswith("node."):
+            expected, who = self.node_token(), NODE
         elif body.startswith("job."):
             job_id = body[len("job.") :].rpartition(".")[0]
             try:
@@ -111,6 +124,8 @@ def check_job(principal: Principal | None, job_id: str, *, admin_ok: bool = True
     """Refuse unless the caller may act on ``job_id`` (no principal: auth is off)."""
     if principal is None:
         return
+    if principal.node:
+        raise PermissionDenied("a node token may only forward (Forward); use a job's token")
     if principal.admin:
         if admin_ok:
             return
@@ -119,6 +134,12 @@ def check_job(principal: Principal | None, job_id: str, *, admin_ok: bool = True
         raise PermissionDenied(
             f"this token is for job {principal.job_id!r}; the request needs job {job_id!r}"
         )
+
+
+def check_node(principal: Principal | None) -> None:
+    """Refuse ``Forward`` unless the caller is a node (no principal: auth is off)."""
+    if principal is not None and not principal.node:
+        raise PermissionDenied("only a node token may forward sections (dstl1.node...)")
 
 
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]

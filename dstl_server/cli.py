@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the operator's admin token derived from the configured auth secret, and exit",
     )
+    parser.add_argument(
+        "--print-node-token",
+        action="store_true",
+        help="print the node token (a child presents it to its parent; see parent_token_file) "
+        "derived from the configured auth secret, and exit",
+    )
     return parser
 
 
@@ -107,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = {
         k: v
         for k, v in vars(ns).items()
-        if k not in ("print_config", "print_token", "print_admin_token") and v is not None
+        if k not in ("print_config", "print_token", "print_admin_token", "print_node_token")
+        and v is not None
     }
     try:
         settings = ServerSettings.from_sources(overrides)
@@ -121,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 value = "***"
             print(f"{f.name} = {value!r}")
         return 0
-    if ns.print_token is not None or ns.print_admin_token:
+    if ns.print_token is not None or ns.print_admin_token or ns.print_node_token:
         from dstl_server.auth import Authenticator
 
         if not settings.auth_secret:
@@ -129,7 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         auth = Authenticator(settings.auth_secret)
         try:
-            print(auth.admin_token() if ns.print_admin_token else auth.job_token(ns.print_token))
+            if ns.print_node_token:
+                print(auth.node_token())
+            else:
+                print(
+                    auth.admin_token() if ns.print_admin_token else auth.job_token(ns.print_token)
+                )
         except ConfigError as exc:
             print(f"dstl-server: {exc.message}", file=sys.stderr)
             return 2

@@ -205,3 +205,39 @@ class ServerMetrics:
             "Temp files of interrupted writes removed from the store (at start and by sweeps)",
             registry=r,
         )
+        # forwarding tree (see dstl_server/forwarder.py)
+        self.forwarded_batches = Counter(
+            "dstl_forwarded_batches",
+            "Flushes this node forwarded to its parent and the parent placed in an object",
+            registry=r,
+        )
+        self.forwarded_bytes = Counter(
+            "dstl_forwarded_bytes", "Bytes of log sections forwarded to the parent", registry=r
+        )
+        self.forward_received_batches = Counter(
+            "dstl_forward_received_batches", "Forward calls of child nodes answered", registry=r
+        )
+        self.forward_received_bytes = Counter(
+            "dstl_forward_received_bytes",
+            "Bytes of log sections received from children",
+            registry=r,
+        )
+        self.forward_merged_sections = Histogram(
+            "dstl_forward_merged_sections",
+            "Log sections of child nodes per object this node uploaded or forwarded",
+            buckets=_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.forward_fallbacks = Counter(
+            "dstl_forward_fallbacks",
+            "Flushes meant for the parent that this node uploaded itself, by reason "
+            "(unavailable, deadline, error, bad_answer, backoff)",
+            ["reason"],
+            registry=r,
+        )
+        self.forward_latency = Histogram(
+            "dstl_forward_latency_seconds",
+            "Round trip of a Forward call to the parent (its upload included)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )

@@ -21,6 +21,7 @@ from dstl_client.core.format import MAX_PARTS_PER_REQUEST, PackedChanges, check_
 from dstl_client.core.handle import ChangelogHandle, HandleEntry
 from dstl_client.core.keys import check_job_id
 from dstl_server.call_order import CallOrder
+from dstl_server.forwarder import ParentForwarder
 from dstl_server.log import PART_OVERHEAD_BYTES, ChangePart, WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.settings import ServerSettings
@@ -65,7 +66,11 @@ class LogRegistry:
     """
 
     def __init__(
-        self, settings: ServerSettings, uploader: Uploader, metrics: ServerMetrics
+        self,
+        settings: ServerSettings,
+        uploader: Uploader,
+        metrics: ServerMetrics,
+        forwarder: ParentForwarder | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -83,6 +88,7 @@ class LogRegistry:
             metrics,
             self.budget,
             open_writers=lambda job_id: self._writers_per_job.get(job_id, 0),
+            forwarder=forwarder,
         )
         self.order = CallOrder(settings.max_in_flight_bytes, settings.call_order_timeout_s, metrics)
         self._stopping = False

@@ -24,7 +24,7 @@ from dstl_client.core.errors import DstlError, InvalidArgument, PermissionDenied
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.core.keys import check_job_id, check_key_of_job, job_prefix
 from dstl_client.core.reader import HandleReader
-from dstl_server.auth import Authenticator, Principal, check_job
+from dstl_server.auth import Authenticator, Principal, check_job, check_node
 from dstl_server.log import WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.registry import LogRegistry
@@ -34,8 +34,7 @@ log = logging.getLogger(__name__)
 
 ERROR_KIND_KEY = "dstl-error-kind"
 _MAX_DISCARD = 10_000
-#: keys a ListObjects call examines at most (its page size when the caller asks 0 or more)
-_MAX_LIST_PAGE = 1000
+_MAX_LIST_PAGE = 1000  # keys a ListObjects call examines at most (page_size 0 or more)
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -349,6 +348,17 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         return pb.ListObjectsResponse(
             objects=objects, next_page_token=last if examined >= page_size else ""
         )
+
+    @_unary
+    async def Forward(
+        self, request: pb.ForwardRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ForwardResponse:
+        """A child node's flush, answered once the object holding it is complete."""
+        check_node(self._principal(context))
+        uploads = self.registry.uploads
+        entries = await uploads.accept_forwarded(request.job_id, list(request.sections))
+        places = [pb.SectionPlacement(offset=e.offset, length=e.length) for e in entries]
+        return pb.ForwardResponse(object_key=entries[0].object_key, placements=places)
 
 
 def _safe_deserializer(cls: Any) -> Callable[[bytes], Any]:

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dstl_client.core.errors import ConfigError
+from dstl_server.topology import forwarding_parent
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -148,6 +149,34 @@ class ServerSettings:
         30.0, "On SIGTERM, how long in-flight uploads may take to finish.", unit="s"
     )
     log_level: str = _setting("WARNING", "Python log level (logs are JSON lines on stderr).")
+    parent: str = _setting(
+        "",
+        "Parent node (host:port) that flushes below forward_threshold_bytes are forwarded to "
+        "(forwarding tree); empty: none (or from tree_index). See README 'Forwarding tree'.",
+    )
+    parent_token_file: str = _setting(
+        "",
+        "File holding the node token presented to the parent (dstl-server --print-node-token "
+        "on the parent); empty: derived from this node's own auth secret (a tree shares it).",
+    )
+    parent_ca_file: str = _setting(
+        "", "PEM root CA to verify the parent's TLS certificate with; empty: plaintext."
+    )
+    forward_threshold_bytes: int = _setting(
+        1 * MiB, "Flushes smaller than this go to the parent, larger ones upload.", unit="bytes"
+    )
+    forward_timeout_s: float = _setting(
+        5.0,
+        "How long a flush waits for the parent's answer before uploading itself "
+        "(at most upload_deadline_s).",
+        unit="s",
+    )
+    tree_index: int = _setting(-1, "This node's index in a static tree (0 = root); -1: no tree.")
+    tree_size: int = _setting(0, "Nodes in the static tree (with tree_index).")
+    tree_fanout: int = _setting(4, "Children per node of the static tree: parent of i = (i-1)//f.")
+    tree_address_template: str = _setting(
+        "", "Address of tree node {index}, e.g. dstl-{index}.dstl-tree:7070 (with tree_index)."
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -245,8 +274,14 @@ class ServerSettings:
             raise bad("hedge_max_delay_ms", "must be >= hedge_min_delay_ms")
         if self.s3_max_connections <= 0:
             raise bad("s3_max_connections", "must be > 0")
+        forwarding_parent(self)
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise bad("log_level", "expected DEBUG, INFO, WARNING, ERROR or CRITICAL")
+
+    @property
+    def parent_address(self) -> str:
+        """The parent this node forwards to ("" for none); see :mod:`dstl_server.topology`."""
+        return forwarding_parent(self)
 
     @staticmethod
     def is_loopback(host: str) -> bool:

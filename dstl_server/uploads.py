@@ -9,14 +9,28 @@ the writer and frees the budget.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from dstl_client.core.errors import DstlError, ShuttingDown, UploadFailed
-from dstl_client.core.format import BuiltObject, Changeset, build_object, encode_log_section
+from dstl_client.core.errors import (
+    Backpressure,
+    DstlError,
+    InvalidArgument,
+    ShuttingDown,
+    UploadFailed,
+)
+from dstl_client.core.format import (
+    Changeset,
+    EncodedSection,
+    build_object,
+    encode_log_section,
+)
 from dstl_client.core.handle import HandleEntry
+from dstl_client.core.keys import check_job_id
+from dstl_server.forwarder import ForwardedSection, ParentForwarder, decode_forwarded
 from dstl_server.log import WriterLog, held_bytes
 from dstl_server.metrics import ServerMetrics
 from dstl_server.settings import ServerSettings
@@ -57,6 +71,13 @@ class UploadTask:
         """Data bytes of the section's changes (its share of the object)."""
         return sum(cs.nbytes for cs in self.changesets)
 
+    @property
+    def first_sqn(self) -> int:
+        return self.changesets[0].sqn
+
+    def encode(self) -> EncodedSection:
+        return encode_log_section(self.log.log_id_bytes, self.changesets, self.end_sqn)
+
 
 class Uploads:
     """Every upload of this node, from start to completion.
@@ -82,8 +103,10 @@ class Uploads:
         metrics: ServerMetrics,
         budget: MemoryBudget,
         open_writers: Callable[[str], int],
+        forwarder: ParentForwarder | None = None,
     ) -> None:
         self.settings = settings
+        self.forwarder = forwarder
         self.uploader = uploader
         self.metrics = metrics
         self.budget = budget
@@ -104,6 +127,7 @@ class Uploads:
                 upload_slots=self._slots,
                 metrics=self.metrics,
                 open_writers=lambda: self._open_writers(job_id),
+                forwarder=self.forwarder,
             )
             self._schedulers[job_id] = sch
         return sch
@@ -118,6 +142,35 @@ class Uploads:
         fut.add_done_callback(lambda _: self._complete(task))
         self._scheduler(wl.job_id).submit(task)
         return task
+
+    async def accept_forwarded(self, job_id: str, sections: list[bytes]) -> list[HandleEntry]:
+        """A child's flush: its sections join the job's next object; their entries, once complete.
+
+        Every section goes into the same object (queued at once). Raises
+        :class:`InvalidArgument` for a malformed section, ``UploadFailed``
+        or ``ShuttingDown`` when the object could not be completed.
+        """
+        check_job_id(job_id)
+        if not sections:
+            raise InvalidArgument("Forward needs at least one section")
+        decoded = [decode_forwarded(data) for data in sections]
+        if self.budget.over:  # the child uploads itself rather than wait here
+            raise Backpressure("this node holds too many bytes not yet uploaded to take more")
+        await self.budget.acquire(sum(sec.length for sec in decoded))
+        loop = asyncio.get_running_loop()
+        tasks = [ForwardedSection(sec, loop.create_future()) for sec in decoded]
+        for t in tasks:  # held until its object is complete (or failed), even if the call ends
+            t.future.add_done_callback(functools.partial(self._release_forwarded, t.nbytes))
+        self._scheduler(job_id).submit_many(tasks)
+        entries = [await t.future for t in tasks]
+        self.metrics.forward_received_batches.inc()
+        self.metrics.forward_received_bytes.inc(sum(len(d) for d in sections))
+        return entries
+
+    def _release_forwarded(self, nbytes: int, fut: asyncio.Future[HandleEntry]) -> None:
+        if not fut.cancelled():
+            fut.exception()  # retrieved: a failure is logged by the scheduler, not per future
+        self.budget.release(nbytes)
 
     def preempt(self, wl: WriterLog) -> None:
         """Close the writer's changeset and upload all it has not uploaded, persist or not."""
@@ -171,7 +224,10 @@ class BatchingScheduler:
     the first task was queued, (b) queued bytes reach ``size_threshold``, or
     (c) every open writer of the job has a persist task queued. Flushed
     objects are uploaded concurrently, at most ``upload_slots`` at a time
-    (shared by every job on the node).
+    (shared by every job on the node). The queue also takes sections child
+    nodes forwarded (:class:`ForwardedSection`, already encoded); with a
+    ``forwarder`` (this node has a parent) a flush below its threshold goes
+    to the parent first and is uploaded here only if that fails.
 
     Invariants: a task is in the queue or in exactly one flush; its future is
     completed exactly once, with the entry of a complete object or with an
@@ -190,15 +246,17 @@ class BatchingScheduler:
         upload_slots: asyncio.Semaphore,
         metrics: ServerMetrics,
         open_writers: Callable[[], int],
+        forwarder: ParentForwarder | None = None,
     ) -> None:
         self.job_id = job_id
+        self.forwarder = forwarder
         self.persist_delay_s = persist_delay_s
         self.size_threshold = size_threshold
         self.uploader = uploader
         self.upload_slots = upload_slots
         self.metrics = metrics
         self._open_writers = open_writers
-        self._queue: list[UploadTask] = []
+        self._queue: list[Queued] = []
         self._queued_bytes = 0
         self._persisting: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None
@@ -211,13 +269,19 @@ class BatchingScheduler:
 
     def submit(self, task: UploadTask) -> None:
         """Queue a task; flush now or arm the delay timer."""
+        self.submit_many([task])
+
+    def submit_many(self, tasks: Sequence[Queued]) -> None:
+        """Queue tasks (all in the same next object); flush now or arm the delay timer."""
         if self._closed:
-            task.future.set_exception(ShuttingDown("the sidecar is shutting down"))
+            for task in tasks:
+                task.future.set_exception(ShuttingDown("the sidecar is shutting down"))
             return
-        self._queue.append(task)
-        self._queued_bytes += task.nbytes
-        if not task.preemptive:
-            self._persisting.add(task.log.log_id)
+        for task in tasks:
+            self._queue.append(task)
+            self._queued_bytes += task.nbytes
+            if isinstance(task, UploadTask) and not task.preemptive:
+                self._persisting.add(task.log.log_id)
         if self.persist_delay_s <= 0:
             self.flush("immediate")
         elif self._queued_bytes >= self.size_threshold:
@@ -243,16 +307,25 @@ class BatchingScheduler:
         self._running.add(t)
         t.add_done_callback(self._running.discard)
 
-    async def _upload(self, tasks: list[UploadTask]) -> None:
+    async def _upload(self, tasks: list[Queued]) -> None:
         nbytes = sum(t.nbytes for t in tasks)
         self.metrics.in_flight_bytes.inc(nbytes)
         try:
-            async with self.upload_slots:
-                if nbytes <= _INLINE_ENCODE_BYTES:
-                    built = _encode(tasks)
-                else:
-                    built = await asyncio.to_thread(_encode, tasks)
-                key = await self.uploader.upload(self.job_id, built.data)
+            if nbytes <= _INLINE_ENCODE_BYTES:
+                sections = _encode(tasks)
+            else:
+                sections = await asyncio.to_thread(_encode, tasks)
+            placed = None
+            if self.forwarder is not None and self.forwarder.wants(_size(sections)):
+                placed = await self.forwarder.forward(self.job_id, sections)
+            uploaded = placed is None
+            if placed is None:
+                async with self.upload_slots:
+                    if nbytes <= _INLINE_ENCODE_BYTES:
+                        built = build_object(sections)
+                    else:
+                        built = await asyncio.to_thread(build_object, sections)
+                    placed = (await self.uploader.upload(self.job_id, built.data), built.placements)
         except Exception as exc:
             err = exc if isinstance(exc, DstlError) else None
             reason = err.message if err else repr(exc)
@@ -266,10 +339,15 @@ class BatchingScheduler:
             return
         finally:
             self.metrics.in_flight_bytes.dec(nbytes)
-        self.metrics.logs_per_object.observe(len(tasks))
-        for t, (off, length) in zip(tasks, built.placements, strict=True):
+        if uploaded:  # not when the parent placed them: its object, its count
+            self.metrics.logs_per_object.observe(len(tasks))
+        children = sum(1 for t in tasks if isinstance(t, ForwardedSection))
+        if children:
+            self.metrics.forward_merged_sections.observe(children)
+        key, placements = placed
+        for t, (off, length) in zip(tasks, placements, strict=True):
             if not t.future.done():
-                t.future.set_result(HandleEntry(key, off, length, t.changesets[0].sqn, t.end_sqn))
+                t.future.set_result(HandleEntry(key, off, length, t.first_sqn, t.end_sqn))
 
     async def drain(self, timeout_s: float) -> bool:
         """Flush what is queued and wait for running uploads; refuse new tasks."""
@@ -287,6 +365,13 @@ class BatchingScheduler:
         self._closed = False
 
 
-def _encode(tasks: list[UploadTask]) -> BuiltObject:
-    sections = [encode_log_section(t.log.log_id_bytes, t.changesets, t.end_sqn) for t in tasks]
-    return build_object(sections)
+#: what a job's queue holds: a local writer's task or a child's forwarded section
+Queued = UploadTask | ForwardedSection
+
+
+def _encode(tasks: Sequence[Queued]) -> list[EncodedSection]:
+    return [t.encode() for t in tasks]
+
+
+def _size(sections: Sequence[EncodedSection]) -> int:
+    return sum(s.length for s in sections)

@@ -624,3 +624,79 @@ class ListObjectsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListObjectsResponse: _TypeAlias = ListObjectsResponse  # noqa: Y015
+
+@_typing.final
+class ForwardRequest(_message.Message):
+    """A child node's flush of one job, forwarded to its parent. Each section is
+    an encoded log section (dstl_client/core/format.py), sent as it is.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SECTIONS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    @_builtins.property
+    def sections(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        sections: _abc.Iterable[_builtins.bytes] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "sections", b"sections"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForwardRequest: _TypeAlias = ForwardRequest  # noqa: Y015
+
+@_typing.final
+class SectionPlacement(_message.Message):
+    """Where one forwarded section landed in the object (same order as sent)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSET_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    offset: _builtins.int
+    length: _builtins.int
+    def __init__(
+        self,
+        *,
+        offset: _builtins.int = ...,
+        length: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["length", b"length", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SectionPlacement: _TypeAlias = SectionPlacement  # noqa: Y015
+
+@_typing.final
+class ForwardResponse(_message.Message):
+    """Sent only after the object holding every forwarded section is complete."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECT_KEY_FIELD_NUMBER: _builtins.int
+    PLACEMENTS_FIELD_NUMBER: _builtins.int
+    object_key: _builtins.str
+    @_builtins.property
+    def placements(self) -> _containers.RepeatedCompositeFieldContainer[Global___SectionPlacement]: ...
+    def __init__(
+        self,
+        *,
+        object_key: _builtins.str = ...,
+        placements: _abc.Iterable[Global___SectionPlacement] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["object_key", b"object_key", "placements", b"placements"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForwardResponse: _TypeAlias = ForwardResponse  # noqa: Y015

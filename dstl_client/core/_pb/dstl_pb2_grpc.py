@@ -80,6 +80,11 @@ class ChangelogStub:
                 request_serializer=dstl_dot_v1_dot_dstl__pb2.ListObjectsRequest.SerializeToString,
                 response_deserializer=dstl_dot_v1_dot_dstl__pb2.ListObjectsResponse.FromString,
                 _registered_method=True)
+        self.Forward = channel.unary_unary(
+                '/dstl.v1.Changelog/Forward',
+                request_serializer=dstl_dot_v1_dot_dstl__pb2.ForwardRequest.SerializeToString,
+                response_deserializer=dstl_dot_v1_dot_dstl__pb2.ForwardResponse.FromString,
+                _registered_method=True)
 
 
 class ChangelogServicer:
@@ -149,6 +154,16 @@ class ChangelogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Forward(self, request, context):
+        """Node to parent node (forwarding tree): encoded log sections of one job
+        join the parent's next object of that job; answered once that object is
+        uploaded (or forwarded further up), with where each section landed.
+        With auth on, only the node token may call it (job and admin: PERMISSION_DENIED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChangelogServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +211,11 @@ def add_ChangelogServicer_to_server(servicer, server):
                     servicer.ListObjects,
                     request_deserializer=dstl_dot_v1_dot_dstl__pb2.ListObjectsRequest.FromString,
                     response_serializer=dstl_dot_v1_dot_dstl__pb2.ListObjectsResponse.SerializeToString,
+            ),
+            'Forward': grpc.unary_unary_rpc_method_handler(
+                    servicer.Forward,
+                    request_deserializer=dstl_dot_v1_dot_dstl__pb2.ForwardRequest.FromString,
+                    response_serializer=dstl_dot_v1_dot_dstl__pb2.ForwardResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -442,6 +462,33 @@ class Changelog:
             '/dstl.v1.Changelog/ListObjects',
             dstl_dot_v1_dot_dstl__pb2.ListObjectsRequest.SerializeToString,
             dstl_dot_v1_dot_dstl__pb2.ListObjectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Forward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dstl.v1.Changelog/Forward',
+            dstl_dot_v1_dot_dstl__pb2.ForwardRequest.SerializeToString,
+            dstl_dot_v1_dot_dstl__pb2.ForwardResponse.FromString,
             options,
             channel_credentials,
             insecure,

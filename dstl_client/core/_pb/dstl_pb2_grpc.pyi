@@ -59,6 +59,12 @@ class ChangelogStub:
     """Deletes objects of a job that no checkpoint refers to any more."""
     ListObjects: _grpc.UnaryUnaryMultiCallable[_dstl_pb2.ListObjectsRequest, _dstl_pb2.ListObjectsResponse]
     """Lists a job's objects in key order, one page per call."""
+    Forward: _grpc.UnaryUnaryMultiCallable[_dstl_pb2.ForwardRequest, _dstl_pb2.ForwardResponse]
+    """Node to parent node (forwarding tree): encoded log sections of one job
+    join the parent's next object of that job; answered once that object is
+    uploaded (or forwarded further up), with where each section landed.
+    With auth on, only the node token may call it (job and admin: PERMISSION_DENIED).
+    """
 
 @_typing.type_check_only
 class ChangelogAsyncStub(ChangelogStub):
@@ -83,6 +89,12 @@ class ChangelogAsyncStub(ChangelogStub):
     """Deletes objects of a job that no checkpoint refers to any more."""
     ListObjects: _aio.UnaryUnaryMultiCallable[_dstl_pb2.ListObjectsRequest, _dstl_pb2.ListObjectsResponse]  # type: ignore[assignment]
     """Lists a job's objects in key order, one page per call."""
+    Forward: _aio.UnaryUnaryMultiCallable[_dstl_pb2.ForwardRequest, _dstl_pb2.ForwardResponse]  # type: ignore[assignment]
+    """Node to parent node (forwarding tree): encoded log sections of one job
+    join the parent's next object of that job; answered once that object is
+    uploaded (or forwarded further up), with where each section landed.
+    With auth on, only the node token may call it (job and admin: PERMISSION_DENIED).
+    """
 
 class ChangelogServicer(metaclass=_abc_1.ABCMeta):
     """The changelog service. Appends travel in batches: never one RPC per change."""
@@ -158,5 +170,17 @@ class ChangelogServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dstl_pb2.ListObjectsResponse, _abc.Awaitable[_dstl_pb2.ListObjectsResponse]]:
         """Lists a job's objects in key order, one page per call."""
+
+    @_abc_1.abstractmethod
+    def Forward(
+        self,
+        request: _dstl_pb2.ForwardRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dstl_pb2.ForwardResponse, _abc.Awaitable[_dstl_pb2.ForwardResponse]]:
+        """Node to parent node (forwarding tree): encoded log sections of one job
+        join the parent's next object of that job; answered once that object is
+        uploaded (or forwarded further up), with where each section landed.
+        With auth on, only the node token may call it (job and admin: PERMISSION_DENIED).
+        """
 
 def add_ChangelogServicer_to_server(servicer: ChangelogServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
