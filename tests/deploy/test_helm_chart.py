@@ -29,6 +29,7 @@ import yaml
 from dstl_client.client import ChangelogClient
 from dstl_client.core.errors import ConfigError, Unauthenticated
 from dstl_server.auth import Authenticator
+from dstl_server.cli import build_parser
 from dstl_server.settings import ServerSettings, env_name
 from dstl_server.testing import ServerProcess
 
@@ -83,11 +84,24 @@ TLS_TCP_ONLY: dict[str, Any] = {
     "auth": {"existingSecret": "dstl-node-secret"},
     "executorPodTemplate": {"enabled": True},
 }
+#: a forwarding tree of 6 nodes, fan-out 2: 0 <- 1, 2; 1 <- 3, 4; 2 <- 5
+TREE: dict[str, Any] = {
+    "mode": "tree",
+    "storage": {"url": "s3://dstl-changelog/tree"},
+    "tcp": {"enabled": True},
+    "tls": {"existingSecret": "dstl-tls"},
+    "auth": {"existingSecret": "dstl-node-secret"},
+    "tree": {"size": 6, "fanout": 2},
+    "config": {"forwardThresholdBytes": 262144, "forwardTimeoutS": 2.5},
+    "executorPodTemplate": {"enabled": False},
+    "metrics": {"serviceMonitor": {"enabled": True}},
+}
 CONFIGS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "s3-tcp-auth": S3_TCP_AUTH,
     "sidecar": SIDECAR,
     "tls-tcp-only": TLS_TCP_ONLY,
+    "tree": TREE,
 }
 
 
@@ -719,6 +733,13 @@ def test_every_server_setting_reaches_dstl_server(chart: helm.Chart) -> None:
         ({"auth": {"jobTokenSecret": {"name": "Job_1"}}}, "/auth/jobTokenSecret/name"),
         ({"config": {"maxWritersPerJob": 0}}, "/config/maxWritersPerJob"),
         ({"config": {"writerIdleTimeoutS": 0}}, "/config/writerIdleTimeoutS"),
+        ({**TREE, "tree": {"size": 0, "fanout": 2}}, "/tree/size"),
+        ({**TREE, "tree": {"size": -3, "fanout": 2}}, "/tree/size"),
+        ({**TREE, "tree": {"size": 4, "fanout": 0}}, "/tree/fanout"),
+        ({**TREE, "tree": {"size": "4", "fanout": 2}}, "/tree/size"),
+        ({**TREE, "tree": {"size": 4, "fanout": 1.5}}, "/tree/fanout"),
+        ({**TREE, "tree": {"size": 4, "fanout": 2, "depth": 3}}, "/tree"),
+        ({**TREE, "tree": {"size": 4, "fanout": 2, "parentCa": {"configMap": "CA"}}}, "/tree"),
     ],
 )
 def test_schema_rejects_bad_values(chart: helm.Chart, values: dict[str, Any], where: str) -> None:
@@ -812,3 +833,242 @@ def _doc_snippet(name: str) -> str:
     marker = f"# {name}\n"
     start = text.index(marker) + len(marker)
     return text[start : text.index("```", start)]
+
+
+# -------------------------------------------------------------------- tree mode
+def _tree_server(docs: list[Manifest]) -> Manifest:
+    return container(only(docs, "StatefulSet", RELEASE)["spec"]["template"]["spec"], "dstl")
+
+
+def _run_entrypoint(
+    server: Manifest, pod_name: str, tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """The tree container's command and args, run by a real sh for pod ``pod_name``.
+
+    A stand-in ``dstl-server`` on PATH prints the argv it was exec'ed with as JSON.
+    """
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "dstl-server"
+    stub.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    stub.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "POD_NAME": pod_name}
+    return subprocess.run(
+        [*server["command"], *server["args"]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def _tree_settings(docs: list[Manifest], argv: list[str]) -> ServerSettings:
+    """What dstl-server makes of the ConfigMap, the node secret and its flags (as its CLI)."""
+    ns = build_parser().parse_args(argv)
+    flags = {k: v for k, v in vars(ns).items() if not k.startswith("print_") and v is not None}
+    environ = {**only(docs, "ConfigMap", f"{RELEASE}-config")["data"]}
+    environ["DSTL_AUTH_SECRET"] = NODE_SECRET  # from Secret dstl-node-secret (see env)
+    return ServerSettings.from_sources(flags, environ=environ)
+
+
+def test_tree_mode_renders_a_statefulset_and_its_headless_service(chart: helm.Chart) -> None:
+    docs = render(chart, TREE)
+    assert kinds(docs) == {
+        "StatefulSet",
+        "Service",
+        "ConfigMap",
+        "ServiceAccount",
+        "ServiceMonitor",
+    }
+    sts = only(docs, "StatefulSet", RELEASE)
+    svc = only(docs, "Service")
+    assert svc["metadata"]["name"] == f"{RELEASE}-tree"
+    assert svc["spec"]["clusterIP"] == "None"
+    # parents are addressed before they are ready: a child falls back on its own
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"grpc": 7070, "metrics": 9464}
+    assert sts["spec"]["serviceName"] == svc["metadata"]["name"]
+    assert sts["spec"]["replicas"] == 6
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    assert (
+        only(docs, "ServiceMonitor")["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+    )
+
+    spec = sts["spec"]["template"]["spec"]
+    server = container(spec, "dstl")
+    assert server["command"][:2] == ["sh", "-c"] and server["command"][3] == "dstl-server"
+    assert "exec dstl-server --tree-index" in server["command"][2]
+    assert server["args"] == [
+        "--tree-size",
+        "6",
+        "--tree-fanout",
+        "2",
+        "--tree-address-template",
+        f"{RELEASE}-{{index}}.{RELEASE}-tree.{NAMESPACE}.svc:7070",
+    ]
+    env = by_name(server["env"])
+    # the pod name (never truncated, unlike $HOSTNAME), not a label a feature gate adds
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["DSTL_AUTH_SECRET"]["valueFrom"]["secretKeyRef"]["name"] == "dstl-node-secret"
+
+    cm = only(docs, "ConfigMap", f"{RELEASE}-config")["data"]
+    assert cm["DSTL_LISTEN"] == "0.0.0.0:7070"
+    assert cm["DSTL_TLS_CERT"] == "/etc/dstl/tls/tls.crt"
+    assert cm["DSTL_PARENT_CA_FILE"] == "/etc/dstl/tls/ca.crt"  # the TLS Secret's ca.crt
+    assert cm["DSTL_FORWARD_THRESHOLD_BYTES"] == "262144"
+    assert cm["DSTL_FORWARD_TIMEOUT_S"] == "2.5"
+    # per pod (and derived): flags only, so `kubectl exec ... --print-token` still runs
+    for var in ("DSTL_PARENT", "DSTL_TREE_INDEX", "DSTL_TREE_SIZE", "DSTL_TREE_FANOUT"):
+        assert var not in cm
+    assert "DSTL_TREE_ADDRESS_TEMPLATE" not in cm
+
+    # no node directories: the socket (for the exec probe) is the pod's own
+    volumes = by_name(spec["volumes"])
+    assert "emptyDir" in volumes["dstl-socket"] and "hostPath" not in str(spec)
+    assert volumes["dstl-tls"]["secret"]["secretName"] == "dstl-tls"
+    assert "initContainers" not in spec
+    assert server["readinessProbe"]["exec"]["command"][3] == "unix:///var/run/dstl/dstl.sock"
+    ports = by_name(server["ports"])
+    assert ports["grpc"] == {"name": "grpc", "containerPort": 7070, "protocol": "TCP"}
+
+    # the parent's CA from a ConfigMap of its own instead
+    own_ca = {
+        **TREE,
+        "tree": {**TREE["tree"], "parentCa": {"configMap": "tree-ca", "key": "a.pem"}},
+    }
+    docs = render(chart, own_ca)
+    spec = only(docs, "StatefulSet")["spec"]["template"]["spec"]
+    cm = only(docs, "ConfigMap", f"{RELEASE}-config")["data"]
+    mount = by_name(container(spec, "dstl")["volumeMounts"])["dstl-parent-ca"]
+    assert cm["DSTL_PARENT_CA_FILE"] == f"{mount['mountPath']}/a.pem"
+    assert by_name(spec["volumes"])["dstl-parent-ca"]["configMap"]["name"] == "tree-ca"
+    for k8s in K8S_VERSIONS:
+        for doc in docs:
+            if not doc["apiVersion"].startswith("monitoring.coreos.com/"):
+                kubernetes_validate.validate(doc, k8s, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("ordinal", "parent"),
+    [(0, ""), (1, 0), (2, 0), (3, 1), (4, 1), (5, 2)],
+)
+def test_tree_pods_derive_their_index_and_the_server_accepts_it(
+    chart: helm.Chart, tmp_path: Path, ordinal: int, parent: int | str
+) -> None:
+    """The entrypoint, run by sh, hands dstl-server the ordinal; settings it accepts."""
+    docs = render(chart, TREE)
+    server = _tree_server(docs)
+    result = _run_entrypoint(server, f"{RELEASE}-{ordinal}", tmp_path)
+    assert result.returncode == 0, result.stderr
+    argv = json.loads(result.stdout)
+    assert argv == ["--tree-index", str(ordinal), *server["args"]]
+    settings = _tree_settings(docs, argv)
+    assert (settings.tree_index, settings.tree_size, settings.tree_fanout) == (ordinal, 6, 2)
+    expected = "" if parent == "" else f"{RELEASE}-{parent}.{RELEASE}-tree.{NAMESPACE}.svc:7070"
+    assert settings.parent_address == expected
+    assert settings.parent_ca_file == "/etc/dstl/tls/ca.crt"
+    assert settings.forward_threshold_bytes == 262144
+    assert settings.forward_timeout_s == 2.5
+    assert settings.listen == "0.0.0.0:7070" and settings.tls_cert
+    # the address of pod i is the StatefulSet's DNS name for it
+    sts = only(docs, "StatefulSet")
+    own = settings.tree_address_template.replace("{index}", str(ordinal))
+    assert own == (
+        f"{sts['metadata']['name']}-{ordinal}.{sts['spec']['serviceName']}.{NAMESPACE}.svc:7070"
+    )
+
+
+def test_tree_pod_name_without_an_ordinal_stops_the_pod(chart: helm.Chart, tmp_path: Path) -> None:
+    server = _tree_server(render(chart, TREE))
+    for name in ("dstl-x", "dstl-", "dstl"):
+        result = _run_entrypoint(server, name, tmp_path)
+        assert result.returncode == 2 and result.stdout == ""
+        assert f"dstl: no StatefulSet ordinal at the end of pod name '{name}'" in result.stderr
+    # an ordinal beyond tree.size is dstl-server's own ConfigError (exit 2 at start)
+    docs = render(chart, TREE)
+    argv = json.loads(_run_entrypoint(server, f"{RELEASE}-6", tmp_path).stdout)
+    with pytest.raises(ConfigError, match="out of range for tree_size=6"):
+        _tree_settings(docs, argv)
+
+
+def test_tree_of_one_is_a_root_alone(chart: helm.Chart, tmp_path: Path) -> None:
+    docs = render(chart, {**TREE, "tree": {"size": 1, "fanout": 1}})
+    assert only(docs, "StatefulSet")["spec"]["replicas"] == 1
+    argv = json.loads(_run_entrypoint(_tree_server(docs), f"{RELEASE}-0", tmp_path).stdout)
+    assert _tree_settings(docs, argv).parent_address == ""
+
+
+TREE_BASE: dict[str, Any] = {"mode": "tree", "storage": {"url": "s3://dstl-changelog/tree"}}
+
+
+@pytest.mark.parametrize(
+    ("values", "missing"),
+    [
+        ({}, "tcp.enabled, tls.existingSecret, auth.existingSecret (or auth.secret)"),
+        ({"tcp": {"enabled": True}}, "tls.existingSecret, auth.existingSecret (or auth.secret)"),
+        ({"tcp": {"enabled": True}, "auth": NODE_AUTH}, "tls.existingSecret"),
+        ({"tcp": {"enabled": True}, "tls": TLS}, "auth.existingSecret (or auth.secret)"),
+        ({"auth": {"secret": NODE_SECRET}, "tls": TLS}, "tcp.enabled"),
+        (
+            {"tcp": {"enabled": True, "bindAddress": "127.0.0.1"}, "auth": NODE_AUTH, "tls": TLS},
+            "a non-loopback tcp.bindAddress (not 127.0.0.1)",
+        ),
+    ],
+)
+def test_tree_mode_without_tcp_tls_and_auth_fails_to_render(
+    chart: helm.Chart, values: dict[str, Any], missing: str
+) -> None:
+    with pytest.raises(helm.HelmRenderError) as failure:
+        render(chart, {**TREE_BASE, **values})
+    message = str(failure.value)
+    assert "dstl: mode tree forwards between pods over TCP on the pod IP" in message
+    assert "needs TCP off loopback with both TLS and auth" in message
+    assert message.rstrip().endswith(f"missing: {missing}")
+
+
+def test_dstl_server_refuses_a_tree_parent_without_tls_or_token() -> None:
+    """The chart's rule is the server's: a non-loopback parent needs a CA and a token."""
+    tree: dict[str, Any] = {
+        "listen": "127.0.0.1:7070",
+        "tree_index": 1,
+        "tree_size": 2,
+        "tree_address_template": "dstl-{index}.dstl-tree.obs.svc:7070",
+    }
+    with pytest.raises(ConfigError, match="needs parent_ca_file"):
+        ServerSettings(**tree, auth_secret=NODE_SECRET)
+    with pytest.raises(ConfigError, match="needs parent_ca_file"):
+        ServerSettings(**tree, parent_ca_file="/ca.crt")
+    ServerSettings(**tree, auth_secret=NODE_SECRET, parent_ca_file="/ca.crt")
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"storage": {"url": "file:///var/lib/dstl/objects"}}, "mode tree would keep file://"),
+        ({"config": {"parent": "root:7070"}}, "leave config.parent unset"),
+        ({"config": {"treeIndex": 0}}, "leave config.treeIndex unset"),
+        (
+            {"config": {"treeSize": 4, "treeAddressTemplate": "x-{index}:1"}},
+            "leave config.treeSize, config.treeAddressTemplate unset",
+        ),
+        ({"config": {"parentCaFile": "/ca.pem"}}, "leave config.parentCaFile unset"),
+        ({"tcp": {"enabled": True, "hostPort": True}}, "tcp.hostPort is for mode daemonset only"),
+    ],
+)
+def test_tree_mode_inconsistent_values_fail(
+    chart: helm.Chart, values: dict[str, Any], message: str
+) -> None:
+    merged = {**TREE, **values}
+    with pytest.raises(helm.HelmRenderError, match=message):
+        render(chart, merged)
+    chart.validate_schema(merged)  # the schema alone lets them by: the templates catch them
+
+
+def test_notes_of_tree_mode(chart: helm.Chart) -> None:
+    text: str = chart.render(TREE, name=RELEASE, namespace=NAMESPACE)["dstl/templates/NOTES.txt"]
+    assert "tree of 6 dstl-servers (fan-out 2)" in text
+    assert f"{RELEASE}-{{index}}.{RELEASE}-tree.{NAMESPACE}.svc:7070" in text
+    assert f"*.{RELEASE}-tree.{NAMESPACE}.svc" in text
+    assert f"exec statefulset/{RELEASE} -c dstl -- dstl-server --print-token my-job" in text

@@ -112,6 +112,26 @@ includes it, so a bad combination fails rendering with one clear message.
 {{- if and $nodeSecret (eq $auth.jobTokenSecret.name $nodeSecret) }}
 {{- fail (printf "dstl: auth.jobTokenSecret.name %s is the node secret's Secret: executors get a job's own token (dstl-server --print-token JOB_ID), never the node secret" $nodeSecret) }}
 {{- end }}
+{{- if eq .Values.mode "tree" }}
+{{- $missing := list }}
+{{- if not .Values.tcp.enabled }}{{ $missing = append $missing "tcp.enabled" }}{{ end }}
+{{- if and .Values.tcp.enabled (include "dstl.tcpLoopback" .) }}{{ $missing = append $missing (printf "a non-loopback tcp.bindAddress (not %s)" .Values.tcp.bindAddress) }}{{ end }}
+{{- if not .Values.tls.existingSecret }}{{ $missing = append $missing "tls.existingSecret" }}{{ end }}
+{{- if not $nodeSecret }}{{ $missing = append $missing "auth.existingSecret (or auth.secret)" }}{{ end }}
+{{- if $missing }}
+{{- fail (printf "dstl: mode tree forwards between pods over TCP on the pod IP, so it needs TCP off loopback with both TLS and auth: set tcp.enabled=true, tls.existingSecret and auth.existingSecret (or auth.secret); missing: %s" (join ", " $missing)) }}
+{{- end }}
+{{- $c := .Values.config }}
+{{- $set := list }}
+{{- if $c.parent }}{{ $set = append $set "config.parent" }}{{ end }}
+{{- if $c.parentCaFile }}{{ $set = append $set "config.parentCaFile" }}{{ end }}
+{{- if and (not (kindIs "invalid" $c.treeIndex)) (ne (int $c.treeIndex) -1) }}{{ $set = append $set "config.treeIndex" }}{{ end }}
+{{- if and (not (kindIs "invalid" $c.treeSize)) (ne (int $c.treeSize) 0) }}{{ $set = append $set "config.treeSize" }}{{ end }}
+{{- if $c.treeAddressTemplate }}{{ $set = append $set "config.treeAddressTemplate" }}{{ end }}
+{{- if $set }}
+{{- fail (printf "dstl: mode tree derives the parent from tree.size, tree.fanout and each pod's ordinal (and its CA from tree.parentCa): leave %s unset" (join ", " $set)) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.tcp.enabled (not (include "dstl.tcpLoopback" .)) (not (and $nodeSecret .Values.tls.existingSecret)) }}
 {{- $missing := list }}
 {{- if not .Values.tls.existingSecret }}{{ $missing = append $missing "tls.existingSecret" }}{{ end }}
@@ -123,6 +143,9 @@ includes it, so a bad combination fails rendering with one clear message.
 {{- end }}
 {{- if and (eq .Values.mode "sidecar") (include "dstl.filePath" .) }}
 {{- fail "dstl: mode sidecar would keep file:// objects in the executor pod's emptyDir, lost with the pod: set storage.url to s3://bucket/prefix" }}
+{{- end }}
+{{- if and (eq .Values.mode "tree") (include "dstl.filePath" .) }}
+{{- fail "dstl: mode tree would keep file:// objects in each pod's emptyDir, lost with the pod and out of the other nodes' reach: set storage.url to s3://bucket/prefix" }}
 {{- end }}
 {{- if and .Values.tcp.hostPort (ne .Values.mode "daemonset") }}
 {{- fail "dstl: tcp.hostPort is for mode daemonset only" }}
@@ -197,8 +220,14 @@ DSTL_S3_CA_BUNDLE: {{ printf "/etc/dstl/s3-ca/%s" .Values.s3.caBundle.key | quot
 DSTL_TLS_CERT: "/etc/dstl/tls/tls.crt"
 DSTL_TLS_KEY: "/etc/dstl/tls/tls.key"
 {{- end }}
+{{- $tree := eq .Values.mode "tree" }}
+{{- if $tree }}
+DSTL_PARENT_CA_FILE: {{ include "dstl.treeParentCaFile" . | quote }}
+{{- end }}
 {{- range $key, $value := .Values.config }}
-{{- if not (kindIs "invalid" $value) }}
+{{- /* mode tree: the parent comes from per-pod flags (dstl.treeArgs), its CA from tree.parentCa */}}
+{{- if and $tree (has $key (list "parent" "parentCaFile" "treeIndex" "treeSize" "treeFanout" "treeAddressTemplate")) }}
+{{- else if not (kindIs "invalid" $value) }}
 {{ printf "DSTL_%s" (snakecase $key | upper) }}: {{ ternary $value (toJson $value) (kindIs "string" $value) | quote }}
 {{- end }}
 {{- end }}
@@ -221,10 +250,25 @@ imagePullPolicy: {{ $v.image.pullPolicy }}
 {{- if and .sidecar $v.sidecar.native }}
 restartPolicy: Always
 {{- end }}
+{{- $tree := and (eq $v.mode "tree") (not .sidecar) }}
+{{- if $tree }}
+{{- /* the tree index is the StatefulSet ordinal, the suffix of the pod name (see README "Tree mode") */}}
+command:
+  - sh
+  - -c
+  - {{ include "dstl.treeScript" $root | quote }}
+  - dstl-server
+args:
+  {{- include "dstl.treeArgs" $root | trim | nindent 2 }}
+  {{- with $v.extraArgs }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- else }}
 command: ["dstl-server"]
 {{- with $v.extraArgs }}
 args:
   {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 envFrom:
   - configMapRef:
@@ -234,8 +278,14 @@ envFrom:
       name: {{ . }}
   {{- end }}
 {{- $authSecret := include "dstl.authSecretName" $root }}
-{{- if or $authSecret $v.extraEnv }}
+{{- if or $authSecret $v.extraEnv $tree }}
 env:
+  {{- if $tree }}
+  - name: POD_NAME
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.name
+  {{- end }}
   {{- if $authSecret }}
   - name: DSTL_AUTH_SECRET
     valueFrom:
@@ -303,6 +353,11 @@ volumeMounts:
     mountPath: /etc/dstl/s3-ca
     readOnly: true
   {{- end }}
+  {{- if and $tree $v.tree.parentCa.configMap }}
+  - name: dstl-parent-ca
+    mountPath: /etc/dstl/parent-ca
+    readOnly: true
+  {{- end }}
 {{- end }}
 
 {{/*
@@ -313,12 +368,14 @@ and emptyDirs in an executor pod.
 {{- define "dstl.volumes" -}}
 {{- $root := .root }}
 {{- $v := $root.Values }}
+{{- /* no node directories outside daemonset mode: an executor pod or a tree pod keeps its own */}}
+{{- $podLocal := or .sidecar (ne $v.mode "daemonset") }}
 - name: dstl-tmp
   emptyDir:
     sizeLimit: 64Mi
 {{- if $v.unixSocket.enabled }}
 - name: dstl-socket
-  {{- if .sidecar }}
+  {{- if $podLocal }}
   emptyDir:
     medium: Memory
     sizeLimit: 1Mi
@@ -330,7 +387,7 @@ and emptyDirs in an executor pod.
 {{- end }}
 {{- if include "dstl.filePath" $root }}
 - name: dstl-objects
-  {{- if .sidecar }}
+  {{- if $podLocal }}
   emptyDir: {}
   {{- else }}
   hostPath:
@@ -347,6 +404,11 @@ and emptyDirs in an executor pod.
 - name: dstl-s3-ca
   configMap:
     name: {{ $v.s3.caBundle.configMap }}
+{{- end }}
+{{- if and (eq $v.mode "tree") (not .sidecar) $v.tree.parentCa.configMap }}
+- name: dstl-parent-ca
+  configMap:
+    name: {{ $v.tree.parentCa.configMap }}
 {{- end }}
 {{- end }}
 
@@ -451,4 +513,48 @@ spec:
         type: Directory
   {{- else }} []
   {{- end }}
+{{- end }}
+
+{{/*
+Tree mode (a StatefulSet whose ordinals are the tree's indices). Names: the
+StatefulSet is dstl.fullname, its governing headless Service dstl.treeServiceName,
+so pod i is <fullname>-i.<fullname>-tree.<namespace>.svc.
+*/}}
+{{- define "dstl.treeServiceName" -}}
+{{- printf "%s-tree" (include "dstl.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* DSTL tree_address_template: every node's gRPC address, {index} for its ordinal. */}}
+{{- define "dstl.treeAddressTemplate" -}}
+{{- printf "%s-{index}.%s.%s.svc:%d" (include "dstl.fullname" .) (include "dstl.treeServiceName" .) .Release.Namespace (int .Values.tcp.port) }}
+{{- end }}
+
+{{/* PEM CA the children verify their parent's certificate with (DSTL_PARENT_CA_FILE). */}}
+{{- define "dstl.treeParentCaFile" -}}
+{{- if .Values.tree.parentCa.configMap }}
+{{- printf "/etc/dstl/parent-ca/%s" .Values.tree.parentCa.key }}
+{{- else }}
+{{- /* the ca.crt of the listener's own kubernetes.io/tls Secret (cert-manager writes it) */}}
+{{- printf "/etc/dstl/tls/%s" .Values.tree.parentCa.key }}
+{{- end }}
+{{- end }}
+
+{{/* The flags every tree pod shares; the script adds --tree-index. */}}
+{{- define "dstl.treeArgs" -}}
+- --tree-size
+- {{ .Values.tree.size | int | quote }}
+- --tree-fanout
+- {{ .Values.tree.fanout | int | quote }}
+- --tree-address-template
+- {{ include "dstl.treeAddressTemplate" . | quote }}
+{{- end }}
+
+{{/*
+The tree pod's entrypoint: the ordinal is what follows the last "-" of the pod
+name (metadata.name, which a StatefulSet always sets to <name>-<ordinal>, and
+unlike $HOSTNAME never truncates to 63 characters); exec keeps dstl-server PID 1,
+so it gets SIGTERM itself.
+*/}}
+{{- define "dstl.treeScript" -}}
+i="${POD_NAME##*-}"; case "$i" in ''|*[!0-9]*) echo "dstl: no StatefulSet ordinal at the end of pod name '$POD_NAME'" >&2; exit 2;; esac; exec dstl-server --tree-index "$i" "$@"
 {{- end }}
