@@ -46,112 +46,28 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import aioboto3
-import aiohttp
 from aiobotocore.config import AioConfig
 from botocore.exceptions import (
-    BotoCoreError,
     ClientError,
-    ConnectTimeoutError,
-    CredentialRetrievalError,
-    EndpointConnectionError,
-    FlexibleChecksumError,
-    HTTPClientError,
-    IncompleteReadError,
-    NoCredentialsError,
-    PartialCredentialsError,
-    SSLError,
 )
 
 from dstl_client.core.errors import (
-    BlobNotFound,
     ConfigError,
     InvalidArgument,
     StorageError,
     TransientStorageError,
 )
 from dstl_server.storage.base import BlobInfo, BlobStore, validate_key
+from dstl_server.storage.s3_errors import NOT_FOUND_CODES, TRANSIENT_CODES, map_s3_error
 
 if TYPE_CHECKING:
     from dstl_server.settings import ServerSettings
 
 __all__ = ["S3BlobStore", "map_s3_error"]
 
+
 #: DeleteObjects takes at most this many keys per request
 DELETE_BATCH = 1000
-
-_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
-_TRANSIENT_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "RequestLimitExceeded",
-        "TooManyRequestsException",
-        "ProvisionedThroughputExceededException",
-        "BandwidthLimitExceeded",
-        "InternalError",
-        "ServiceUnavailable",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "PriorRequestNotComplete",
-        "OperationAborted",
-        # The body arrived damaged (checksum or MD5 mismatch): a new attempt
-        # sends it again.
-        "BadDigest",
-        "XAmzContentChecksumMismatch",
-        "XAmzContentSHA256Mismatch",
-        "500",
-        "502",
-        "503",
-        "504",
-    }
-)
-
-
-def map_s3_error(exc: BaseException, what: str) -> StorageError:
-    """The :class:`StorageError` for an exception raised by aiobotocore/aiohttp.
-
-    ``what`` names the operation and object for the message.
-    """
-    if isinstance(exc, StorageError):
-        return exc
-    if isinstance(exc, ClientError):
-        err = exc.response.get("Error", {})
-        code = str(err.get("Code", ""))
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        msg = f"{what}: {code or status} {err.get('Message', '')}".rstrip()
-        if code in _NOT_FOUND_CODES:
-            return BlobNotFound(msg)
-        if code in _TRANSIENT_CODES or status >= 500 or status == 429:
-            return TransientStorageError(msg)
-        return StorageError(msg, retryable=False)
-    if isinstance(exc, NoCredentialsError | PartialCredentialsError | CredentialRetrievalError):
-        return StorageError(f"{what}: no usable AWS credentials: {exc}", retryable=False)
-    if isinstance(exc, SSLError) and "CERTIFICATE_VERIFY_FAILED" in str(exc):
-        return StorageError(
-            f"{what}: TLS certificate of the S3 endpoint not trusted "
-            f"(set --s3-ca-bundle or --no-s3-verify-tls): {exc}",
-            retryable=False,
-        )
-    if isinstance(
-        exc,
-        HTTPClientError
-        | EndpointConnectionError
-        | ConnectTimeoutError
-        | SSLError
-        | IncompleteReadError
-        | FlexibleChecksumError
-        | aiohttp.ClientError
-        | TimeoutError
-        | ConnectionError,
-    ):
-        return TransientStorageError(f"{what}: {type(exc).__name__}: {exc}")
-    if isinstance(exc, BotoCoreError):
-        return StorageError(f"{what}: {type(exc).__name__}: {exc}", retryable=False)
-    return StorageError(f"{what}: unexpected {type(exc).__name__}: {exc}", retryable=False)
 
 
 class S3BlobStore(BlobStore):
@@ -354,9 +270,9 @@ class S3BlobStore(BlobStore):
                 ) from exc
             for err in resp.get("Errors", ()):
                 code = str(err.get("Code", ""))
-                if code in _NOT_FOUND_CODES:
+                if code in NOT_FOUND_CODES:
                     continue
-                transient = transient and code in _TRANSIENT_CODES
+                transient = transient and code in TRANSIENT_CODES
                 failed.append(f"{err.get('Key')}: {code} {err.get('Message', '')}".rstrip())
         if failed:
             shown = "; ".join(failed[:5]) + (
