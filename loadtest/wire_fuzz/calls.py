@@ -1,0 +1,138 @@
+"""One call on the wire: what the fuzzer knows of a writer, the call, its outcome.
+
+Requests travel as bytes through ``channel.unary_unary(path,
+request_serializer=None)`` (what ``ChangelogStub`` sends, minus the
+serializer), so well-formed, crafted and garbage requests take one path.
+:func:`invoke` and :func:`check_health` may be called from any thread with
+that thread's own channel.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from loadtest.wire_fuzz.settings import (
+    CALL_TIMEOUT_S,
+    ERROR_KIND_KEY,
+    HEALTH_TIMEOUT_S,
+    SERVICE,
+)
+
+
+@dataclass(slots=True)
+class Writer:
+    """What the fuzzer knows of one of its writers.
+
+    Owned by the one worker thread that created it; no other thread reads it.
+    """
+
+    log_id: str
+    job_id: str
+    kg: tuple[int, int]
+    ordered: bool
+    session: int
+    next_seq: int = 1
+    #: an ordered writer whose every call so far reached the sidecar and was answered
+    clean: bool = True
+    boundary: int = 0
+    #: the sidecar refuses its calls (failed, lost, closed): the worker closes and replaces it
+    dead: bool = False
+    #: a CloseWriter was sent (or the sidecar no longer knows it)
+    closed: bool = False
+    calls: int = 0
+    history: deque[str] = field(default_factory=lambda: deque(maxlen=6))
+
+
+@dataclass(slots=True)
+class Call:
+    """One request to send: the method, its bytes as they go on the wire, a description.
+
+    Built by a generator and sent once, by the worker thread that built it.
+    """
+
+    method: str
+    request: bytes
+    desc: str
+    writer: Writer | None = None
+    #: the call takes the next turn of an ordered writer
+    ordered: bool = False
+    streaming: bool = False
+    #: CreateWriter of a writer the worker keeps: (job, kg range, ordered, hoarder)
+    pool: tuple[str, tuple[int, int], bool, bool] | None = None
+    #: (session, seq) of a writer call
+    order: tuple[int, int] | None = None
+    #: ListObjects: the job listed (its next page token is kept for a later call)
+    listing: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a call ended: ``code`` is "OK" or the gRPC status name; ``kind`` the error kind.
+
+    Frozen; made by :func:`invoke` on the thread that sent the call.
+    """
+
+    code: str
+    kind: str | None
+    details: str
+    elapsed_s: float
+    response: bytes | None = None
+    responses: int = 0
+
+    def summary(self) -> str:
+        if self.code == "OK":
+            return f"OK in {self.elapsed_s:.2f}s"
+        kind = f"kind={self.kind}" if self.kind else "no dstl-error-kind"
+        return f"{self.code} ({kind}) in {self.elapsed_s:.2f}s: {self.details[:300]}"
+
+
+def invoke(channel: Any, call: Call, timeout_s: float = CALL_TIMEOUT_S) -> Outcome:
+    """Send the call's bytes as they are; never raises for an RPC failure."""
+    t0 = time.monotonic()
+    path = SERVICE + call.method
+    try:
+        if call.streaming:
+            stream = channel.unary_stream(
+                path, request_serializer=None, response_deserializer=None
+            )(call.request, timeout=timeout_s)
+            n = 0
+            for _ in stream:
+                n += 1
+            return Outcome("OK", None, "", time.monotonic() - t0, None, n)
+        resp = channel.unary_unary(path, request_serializer=None, response_deserializer=None)(
+            call.request, timeout=timeout_s
+        )
+        return Outcome("OK", None, "", time.monotonic() - t0, bytes(resp), 1)
+    except grpc.RpcError as exc:
+        elapsed = time.monotonic() - t0
+        kind = None
+        try:
+            for key, value in exc.trailing_metadata() or ():
+                if key == ERROR_KIND_KEY:
+                    kind = str(value)
+        except Exception:
+            pass
+        try:
+            code = str(exc.code().name)
+            details = str(exc.details() or "")
+        except Exception:
+            code, details = "UNKNOWN", repr(exc)
+        return Outcome(code, kind, details, elapsed)
+
+
+def check_health(channel: Any) -> tuple[bool, str]:
+    """(SERVING within HEALTH_TIMEOUT_S, what happened)."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    t0 = time.monotonic()
+    try:
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=HEALTH_TIMEOUT_S)
+    except grpc.RpcError as exc:
+        return False, f"health check failed after {time.monotonic() - t0:.2f}s: {exc.code().name}"
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    return resp.status == health_pb2.HealthCheckResponse.SERVING, f"health {status}"
