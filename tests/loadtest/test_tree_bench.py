@@ -1,0 +1,87 @@
+"""``python -m loadtest.tree_bench`` with K=3, W=2, 2 s per configuration: it runs end to end,
+the tree merges the nodes' flushes, every sampled handle reads back and nothing is left running."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.s3_fixtures import require_weed
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.s3
+
+
+def _processes_mentioning(text: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(text in part for part in p.info["cmdline"] or ()):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _row(table: str, name: str) -> list[str]:
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells and cells[0] == name:
+            return cells
+    raise AssertionError(f"no row {name!r} in\n{table}")
+
+
+def test_tree_bench_runs_small_and_reports(tmp_path: Path) -> None:
+    require_weed()
+    work, reports = tmp_path / "work", tmp_path / "reports"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadtest.tree_bench",
+            "--nodes",
+            "3",
+            "--writers",
+            "2",
+            "--duration-s",
+            "2",
+            "--warmup-rounds",
+            "1",
+            "--verify-fraction",
+            "1",
+            "--dir",
+            str(work),
+            "--report-dir",
+            str(reports),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert elapsed < 40, elapsed
+    out = proc.stdout
+    for name in ("direct", "tree4", "tree2", "tree4-faults"):
+        assert f"[tree-bench] {name}: done" in out, out
+    # K=3: direct uploads one object per node and checkpoint, a tree one in all
+    direct, tree4 = _row(out, "direct"), _row(out, "tree4")
+    assert float(direct[6].split()[0]) == pytest.approx(3.0)
+    assert float(tree4[6].split()[0]) == pytest.approx(1.0)
+    assert int(tree4[15]) == 0  # no forward fell back
+    assert re.search(r"^PASS: acknowledged handles read back byte-exact: (\d+)/\1 ", out, re.M), out
+    assert "objects per checkpoint, fan-out 4" in out and "persist p99, fan-out 4" in out
+    reports_written = list(reports.glob("tree-*.md"))
+    assert len(reports_written) == 1
+    text = reports_written[0].read_text()
+    assert "| tree2 |" in text and "## Goals" in text and "sidecar-2" in text
+    assert not _processes_mentioning(str(work)), "a sidecar outlived the benchmark"
