@@ -24,8 +24,12 @@ _BY_CODE: dict[grpc.StatusCode, str] = {
 }
 
 
-def to_dstl_error(exc: Any) -> DstlError:
-    """The typed error a failed call stands for (from its trailer, else its code)."""
+def to_dstl_error(exc: Any, target: str | None = None) -> DstlError:
+    """The typed error a failed call stands for (from its trailer, else its code).
+
+    ``target`` (the sidecar's address) is named in ``SidecarUnavailable``
+    messages, whatever gRPC's own text says.
+    """
     kind = None
     try:
         for key, value in exc.trailing_metadata() or ():
@@ -38,8 +42,9 @@ def to_dstl_error(exc: Any) -> DstlError:
     if kind is None:
         kind = _BY_CODE.get(code, "internal") if code is not None else "internal"
         if kind == "unavailable":
+            where = f" at {target}" if target else ""
             return SidecarUnavailable(
-                f"sidecar unavailable ({code.name if code else '?'}): {details}"
+                f"sidecar{where} unavailable ({code.name if code else '?'}): {details}"
             )
     cls = error_class_for_kind(kind)
     return cls(details or (code.name if code else "error"))

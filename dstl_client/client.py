@@ -90,7 +90,7 @@ class ChangelogClient:
         try:
             return method(request, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise to_dstl_error(exc) from None
+            raise to_dstl_error(exc, self.target) from None
 
     def create_writer(
         self, *, job_id: str, operator_id: str, key_group_range: tuple[int, int]
@@ -115,7 +115,7 @@ class ChangelogClient:
             for msg in self._stub.ReadChanges(req, timeout=self.timeout_s, metadata=self._metadata):
                 yield ChangesetView(msg.key_group, msg.sqn, msg.count, msg.sizes, msg.payload)
         except grpc.RpcError as exc:
-            raise to_dstl_error(exc) from None
+            raise to_dstl_error(exc, self.target) from None
 
     def read_changes(
         self, handle: ChangelogHandle, key_groups: Iterable[int] | None = None

@@ -262,7 +262,7 @@ class ChangelogWriter:
             try:
                 outcome = ChangelogHandle.from_proto(f.result().handle)
             except grpc.RpcError as exc:
-                outcome = to_dstl_error(exc)
+                outcome = to_dstl_error(exc, self.client.target)
             except BaseException as exc:  # grpc.FutureCancelledError, a bad handle...
                 outcome = exc
             if isinstance(outcome, BaseException) and (
