@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz clean
+.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree clean
 
 all: test
 
@@ -30,7 +30,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy dstl_server dstl_client loadtest
+	$(VENV)/bin/mypy dstl_server dstl_client loadtest tests tools
 
 proto: $(STAMP)
 	$(PY) tools/gen_proto.py
@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(PY) -m loadtest.hedging_bench
 	$(PY) examples/spark_bench.py
 	$(PY) -m loadtest.wire_fuzz
+	$(PY) -m loadtest.tree_bench
 
 bench-core: $(STAMP)
 	$(PY) -m loadtest.bench $(BENCH_ARGS)
@@ -61,6 +62,9 @@ bench-spark: $(STAMP)
 
 bench-fuzz: $(STAMP)
 	$(PY) -m loadtest.wire_fuzz $(BENCH_ARGS)
+
+bench-tree: $(STAMP)
+	$(PY) -m loadtest.tree_bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

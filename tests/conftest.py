@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import gc
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from dstl_server.app import DstlServer
 from dstl_server.testing import ServerProcess, running_server
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def server(tmp_path: Path) -> AsyncIterator[DstlServer]:
     """An in-process sidecar on a free loopback port, file:// under tmp_path."""
     async with running_server(tmp_path) as srv:
@@ -26,3 +29,43 @@ def server_process(tmp_path: Path) -> Iterator[ServerProcess]:
 
 
 pytest_plugins = ["tests.s3_fixtures"]
+
+
+class _AsyncioErrors(logging.Handler):
+    """What asyncio reports through its logger rather than as a warning: a task whose
+    exception nobody retrieved, a task destroyed while pending, a failing callback."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(self.format(record))
+
+    def take(self) -> list[str]:
+        messages, self.messages = self.messages, []
+        return messages
+
+
+_asyncio_errors = _AsyncioErrors()
+logging.getLogger("asyncio").addHandler(_asyncio_errors)
+
+
+@pytest.fixture(autouse=True)
+def no_asyncio_errors() -> Iterator[None]:
+    """Fail a test after which asyncio logged an error (its loop's exception handler).
+
+    A task freed only by the garbage collector is reported when that runs, during a
+    later test or at the end of the session (the message names its coroutine).
+    """
+    yield
+    messages = _asyncio_errors.take()
+    assert not messages, "asyncio reported:\n" + "\n\n".join(messages)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    gc.collect()
+    messages = _asyncio_errors.take()
+    if messages:
+        print("\nasyncio reported after the last test:\n" + "\n\n".join(messages))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

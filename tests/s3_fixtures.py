@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from dstl_server.storage.s3 import S3BlobStore
 from dstl_server.testing_s3 import SeaweedS3, find_weed
@@ -75,7 +76,7 @@ def s3_prefix() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def s3_store(weed_s3: SeaweedS3, s3_prefix: str) -> AsyncIterator[S3BlobStore]:
     """An :class:`S3BlobStore` over HTTP on a fresh prefix."""
     store = store_for(weed_s3, s3_prefix)
@@ -85,7 +86,7 @@ async def s3_store(weed_s3: SeaweedS3, s3_prefix: str) -> AsyncIterator[S3BlobSt
         await store.close()
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def s3_tls_store(weed_s3_tls: SeaweedS3, s3_prefix: str) -> AsyncIterator[S3BlobStore]:
     """An :class:`S3BlobStore` over HTTPS (CA bundle verified) on a fresh prefix."""
     store = store_for(weed_s3_tls, s3_prefix)

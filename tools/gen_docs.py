@@ -9,6 +9,7 @@ Usage: python tools/gen_docs.py [--check]
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 from pathlib import Path
@@ -49,6 +50,10 @@ def metrics_table() -> str:
     return "\n".join(rows)
 
 
+def _fill(m: re.Match[str], body: str) -> str:
+    return m.group(1) + body + "\n" + m.group(2)
+
+
 def render(text: str) -> str:
     for marker, body in (("config", config_table()), ("metrics", metrics_table())):
         pattern = re.compile(
@@ -57,7 +62,7 @@ def render(text: str) -> str:
         )
         if not pattern.search(text):
             raise SystemExit(f"README.md lacks the GENERATED {marker} markers")
-        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
+        text = pattern.sub(functools.partial(_fill, body=body), text)
     return text
 
 

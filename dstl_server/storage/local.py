@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from dstl_client.core.atomic import TEMP_SUFFIX, write_replace
-from dstl_client.core.errors import BlobNotFound, StorageError
+from dstl_client.core.errors import BlobNotFound, InvalidArgument, StorageError
 from dstl_server.storage.base import BlobInfo, BlobStore, validate_key
 
 #: every file the store writes is first named ``.<name>.<random><_TMP_SUFFIX>``
@@ -62,6 +62,8 @@ class LocalBlobStore(BlobStore):
             raise StorageError(f"write {path}: {exc}", retryable=True) from exc
 
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        if offset < 0 or (length is not None and length < 0):
+            raise InvalidArgument(f"bad range offset={offset} length={length}")
         return await asyncio.to_thread(self._get, self._path(key), offset, length)
 
     @staticmethod

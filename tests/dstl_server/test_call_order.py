@@ -24,7 +24,7 @@ from dstl_client.core.errors import (
 )
 from dstl_client.core.format import MAX_PARTS_PER_REQUEST
 from dstl_server.call_order import CallSequencer
-from tests.dstl_server._fakes import MemoryUploader, batch, read_handle, registry, sample
+from tests.fakes import MemoryUploader, batch, read_handle, registry, sample
 
 S1 = 11
 S2 = 22
@@ -55,12 +55,13 @@ async def _call(
     await seq_.enter(session, seq, timeout_s=1.0)
     try:
         log.append(seq)
-        if hold:
+        if hold:  # a slow call: a duration on the sequencer's real clock, not a wait for it
             await asyncio.sleep(hold)
     finally:
         seq_.leave(session, seq)
 
 
+@pytest.mark.asyncio
 async def test_calls_arriving_out_of_order_are_applied_in_order() -> None:
     sq = CallSequencer()
     applied: list[int] = []
@@ -71,6 +72,7 @@ async def test_calls_arriving_out_of_order_are_applied_in_order() -> None:
     assert applied == [1, 2, 3, 4]
 
 
+@pytest.mark.asyncio
 async def test_unordered_calls_do_not_wait() -> None:
     sq = CallSequencer()
     applied: list[int] = []
@@ -78,6 +80,7 @@ async def test_unordered_calls_do_not_wait() -> None:
     assert applied == [0]
 
 
+@pytest.mark.asyncio
 async def test_a_call_that_never_arrives_fails_the_session() -> None:
     sq = CallSequencer()
     await _call(sq, S1, 1, [])
@@ -88,6 +91,7 @@ async def test_a_call_that_never_arrives_fails_the_session() -> None:
         await sq.enter(S1, 4, timeout_s=0.1)
 
 
+@pytest.mark.asyncio
 async def test_waiting_behind_an_arrived_slow_call_is_not_a_loss() -> None:
     sq = CallSequencer()
     applied: list[int] = []
@@ -99,6 +103,7 @@ async def test_waiting_behind_an_arrived_slow_call_is_not_a_loss() -> None:
     assert sq.next_seq == 3
 
 
+@pytest.mark.asyncio
 async def test_duplicate_call_is_refused() -> None:
     sq = CallSequencer()
     await _call(sq, S1, 1, [])
@@ -106,6 +111,7 @@ async def test_duplicate_call_is_refused() -> None:
         await sq.enter(S1, 1, timeout_s=0.1)
 
 
+@pytest.mark.asyncio
 async def test_a_new_session_supersedes_the_old_one() -> None:
     sq = CallSequencer()
     await _call(sq, S1, 1, [])
@@ -123,6 +129,7 @@ async def test_a_new_session_supersedes_the_old_one() -> None:
 
 
 @pytest.mark.parametrize("far", [2**62, 2**64 - 1])
+@pytest.mark.asyncio
 async def test_a_call_far_ahead_fails_the_session_at_once(far: int) -> None:
     sq = CallSequencer()
     await _call(sq, S1, 1, [])
@@ -145,6 +152,7 @@ async def test_a_call_far_ahead_fails_the_session_at_once(far: int) -> None:
     assert applied == [1]
 
 
+@pytest.mark.asyncio
 async def test_max_ahead_boundary_follows_the_next_expected_call() -> None:
     sq = CallSequencer()
     for n in range(1, 6):
@@ -159,6 +167,7 @@ async def test_max_ahead_boundary_follows_the_next_expected_call() -> None:
         await asyncio.wait_for(waiting, 5)
 
 
+@pytest.mark.asyncio
 async def test_a_lost_call_fails_every_waiter_of_a_full_window() -> None:
     sq = CallSequencer()
     await _call(sq, S1, 1, [])
@@ -176,6 +185,7 @@ async def test_a_lost_call_fails_every_waiter_of_a_full_window() -> None:
 # ---------------------------------------------------------------- fail()
 
 
+@pytest.mark.asyncio
 async def test_fail_refuses_every_later_call_of_the_session() -> None:
     sq = CallSequencer()
     await _call(sq, S1, 1, [])
@@ -199,6 +209,7 @@ async def test_fail_refuses_every_later_call_of_the_session() -> None:
     assert applied == [1, 2]
 
 
+@pytest.mark.asyncio
 async def test_fail_of_another_session_changes_nothing() -> None:
     sq = CallSequencer()
     applied: list[int] = []
@@ -211,6 +222,7 @@ async def test_fail_of_another_session_changes_nothing() -> None:
 # ---------------------------------------------------------------- the registry's ordered calls
 
 
+@pytest.mark.asyncio
 async def test_the_registry_applies_calls_in_client_order_whatever_their_arrival() -> None:
     """Calls 4, 3, 2, 1 of a writer reach the registry in that order; the effects are 1-2-3-4.
 
@@ -241,6 +253,7 @@ async def test_the_registry_applies_calls_in_client_order_whatever_their_arrival
     assert await read_handle(up, later) == [(1, 1, [b"second"])]
 
 
+@pytest.mark.asyncio
 async def test_truncate_waits_for_the_earlier_persist_of_its_session() -> None:
     """A truncate sent after an append and a persist does not drop what they carry."""
     up = MemoryUploader()
@@ -257,6 +270,7 @@ async def test_truncate_waits_for_the_earlier_persist_of_its_session() -> None:
     assert await read_handle(up, handle) == [(0, 0, [b"old"]), (1, 1, [b"new"])]
 
 
+@pytest.mark.asyncio
 async def test_a_refused_call_with_changes_fails_its_session() -> None:
     reg = registry(MemoryUploader())
     lid = reg.create_writer("job", "op", (0, 3)).log_id
@@ -273,6 +287,7 @@ async def test_a_refused_call_with_changes_fails_its_session() -> None:
     assert await reg.append(lid, batch((0, [b"again"])), session=S2, seq=1) == 0
 
 
+@pytest.mark.asyncio
 async def test_a_refused_call_without_changes_takes_its_turn_and_leaves_no_gap() -> None:
     reg = registry(MemoryUploader())
     lid = reg.create_writer("job", "op", (0, 3)).log_id
@@ -286,6 +301,7 @@ async def test_a_refused_call_without_changes_takes_its_turn_and_leaves_no_gap()
     assert sample(reg.metrics, "dstl_sessions_failed_total") == 0
 
 
+@pytest.mark.asyncio
 async def test_too_many_parts_are_refused_in_the_turn_and_fail_the_session() -> None:
     reg = registry(MemoryUploader())
     lid = reg.create_writer("job", "op", (0, 3)).log_id
@@ -297,6 +313,7 @@ async def test_too_many_parts_are_refused_in_the_turn_and_fail_the_session() -> 
     assert reg.budget.used == 0
 
 
+@pytest.mark.asyncio
 async def test_parked_bytes_are_bounded_and_a_refusal_fails_the_session() -> None:
     limit = 64 * 1024
     reg = registry(MemoryUploader(), max_in_flight_bytes=limit, batch_size_threshold=limit)
@@ -312,6 +329,7 @@ async def test_parked_bytes_are_bounded_and_a_refusal_fails_the_session() -> Non
     assert reg.budget.used == 0
 
 
+@pytest.mark.asyncio
 async def test_a_call_cancelled_in_its_turn_while_carrying_changes_fails_the_session() -> None:
     up = MemoryUploader()
     up.gate = asyncio.Event()  # memory stays full

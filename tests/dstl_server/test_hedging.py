@@ -7,7 +7,6 @@ elapsed times asserted here are exact and nothing sleeps on the wall clock.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
@@ -15,69 +14,9 @@ from dstl_client.core.errors import StorageError, TransientStorageError
 from dstl_server.hedging import HedgeBudget, LatencyTracker, make_uploader
 from dstl_server.metrics import ServerMetrics
 from dstl_server.settings import ServerSettings
-from dstl_server.storage.base import BlobInfo, BlobStore
 from dstl_server.upload_policy import UploadPolicy
 from dstl_server.uploader import UploadExecutor
-from tests.dstl_server._fakes import FakeClock
-
-Plan = Callable[[int], tuple[float, BaseException | None]]
-
-
-class ScriptedStore(BlobStore):
-    """In-memory store; put number ``n`` (0-based) sleeps and fails as ``plan(n)`` says.
-
-    An object appears only when its put completes successfully (atomic puts).
-    Puts sleep on ``clock``, the fake clock the uploader under test is given.
-    """
-
-    url = "mem://scripted"
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-        self.clock = FakeClock()
-        self.objects: dict[str, bytes] = {}
-        self.put_keys: list[str] = []
-        self.finished: list[str] = []  # puts that ran to their end (success or error)
-        self.cancelled: list[str] = []
-        self.deleted: list[str] = []
-        self.delete_calls = 0
-        self.fail_deletes = 0  # this many delete calls fail (503) first
-
-    async def put(self, key: str, data: bytes) -> None:
-        n = len(self.put_keys)
-        self.put_keys.append(key)
-        delay, exc = self.plan(n)
-        try:
-            await self.clock.sleep(delay)
-        except asyncio.CancelledError:
-            self.cancelled.append(key)
-            raise
-        self.finished.append(key)
-        if exc is not None:
-            raise exc
-        self.objects[key] = bytes(data)
-
-    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
-        data = self.objects[key]
-        return data[offset : None if length is None else offset + length]
-
-    async def delete(self, keys: Sequence[str]) -> int:
-        self.delete_calls += 1
-        if self.fail_deletes:
-            self.fail_deletes -= 1
-            raise TransientStorageError("503 SlowDown (delete)")
-        self.deleted.extend(keys)
-        return sum(self.objects.pop(k, None) is not None for k in keys)
-
-    async def list(self, prefix: str = "") -> AsyncIterator[BlobInfo]:
-        for k in sorted(self.objects):
-            if k.startswith(prefix):
-                yield BlobInfo(k, len(self.objects[k]))
-
-
-def latencies(*delays: float, then: float = 0.0) -> Plan:
-    """Put n takes ``delays[n]`` seconds (``then`` afterwards), all succeed."""
-    return lambda n: (delays[n] if n < len(delays) else then, None)
+from tests.fakes import MemoryBlobStore, latencies, sample
 
 
 def policy(**kw: object) -> UploadPolicy:
@@ -94,22 +33,18 @@ def policy(**kw: object) -> UploadPolicy:
     return UploadPolicy(**base)  # type: ignore[arg-type]
 
 
-def engine(store: ScriptedStore, p: UploadPolicy, m: ServerMetrics) -> UploadExecutor:
+def engine(store: MemoryBlobStore, p: UploadPolicy, m: ServerMetrics) -> UploadExecutor:
     """The upload engine on the store's fake clock."""
     return UploadExecutor(store, p, m, clock=store.clock.time, sleep=store.clock.sleep)
-
-
-def sample(m: ServerMetrics, name: str, **labels: str) -> float:
-    v = m.registry.get_sample_value(name, labels or None)
-    return 0.0 if v is None else v
 
 
 DATA = b"x" * 1000
 
 
 # ------------------------------------------------------------------ hedging
+@pytest.mark.asyncio
 async def test_slow_first_attempt_is_hedged_and_the_hedge_wins() -> None:
-    store = ScriptedStore(latencies(0.6, 0.01))
+    store = MemoryBlobStore(plan=latencies(0.6, 0.01))
     m = ServerMetrics()
     up = engine(store, policy(hedge_delay_s=0.05), m)
     t0 = store.clock.time()
@@ -131,9 +66,10 @@ async def test_slow_first_attempt_is_hedged_and_the_hedge_wins() -> None:
     assert up.pending_discards == 0
 
 
+@pytest.mark.asyncio
 async def test_first_attempt_wins_when_it_beats_its_hedge() -> None:
     # first takes 0.15 s, the hedge (started at 0.05 s) takes 0.5 s
-    store = ScriptedStore(latencies(0.15, 0.5))
+    store = MemoryBlobStore(plan=latencies(0.15, 0.5))
     m = ServerMetrics()
     up = engine(store, policy(hedge_delay_s=0.05), m)
     key = await up.upload("job", DATA)
@@ -145,13 +81,14 @@ async def test_first_attempt_wins_when_it_beats_its_hedge() -> None:
     assert hedge in store.deleted and set(store.objects) == {first}
 
 
+@pytest.mark.asyncio
 async def test_loser_that_fails_later_is_still_discarded() -> None:
     def plan(n: int) -> tuple[float, BaseException | None]:
         if n == 0:
             return 0.3, TransientStorageError("503 SlowDown")
         return 0.01, None
 
-    store = ScriptedStore(plan)
+    store = MemoryBlobStore(plan=plan)
     up = engine(store, policy(hedge_delay_s=0.05), ServerMetrics())
     key = await up.upload("job", DATA)
     await up.close()
@@ -160,8 +97,9 @@ async def test_loser_that_fails_later_is_still_discarded() -> None:
     assert set(store.objects) == {key}
 
 
+@pytest.mark.asyncio
 async def test_fast_uploads_are_not_hedged() -> None:
-    store = ScriptedStore(latencies(then=0.005))
+    store = MemoryBlobStore(plan=latencies(then=0.005))
     m = ServerMetrics()
     up = engine(store, policy(hedge_delay_s=0.2), m)
     keys = [await up.upload("job", DATA) for _ in range(5)]
@@ -171,8 +109,9 @@ async def test_fast_uploads_are_not_hedged() -> None:
     assert sample(m, "dstl_upload_attempts_sum") == 5
 
 
+@pytest.mark.asyncio
 async def test_off_mode_never_hedges() -> None:
-    store = ScriptedStore(latencies(0.3))
+    store = MemoryBlobStore(plan=latencies(0.3))
     m = ServerMetrics()
     up = engine(store, policy(hedge_mode="off"), m)
     assert up.hedge_delay(len(DATA)) is None
@@ -183,7 +122,7 @@ async def test_off_mode_never_hedges() -> None:
 
 def test_make_uploader_picks_by_mode(tmp_path: object) -> None:
     # one engine for every mode; the mode is the policy's
-    store = ScriptedStore(latencies())
+    store = MemoryBlobStore(plan=latencies())
     m = ServerMetrics()
     s = ServerSettings(storage="file:///tmp/x")
     for mode, settings in (
@@ -221,8 +160,9 @@ def test_budget_allows_a_fraction_of_uploads_in_the_window() -> None:
     assert not b.try_acquire()
 
 
+@pytest.mark.asyncio
 async def test_budget_stops_hedging_when_spent() -> None:
-    store = ScriptedStore(latencies(then=0.12))  # every attempt is slower than the delay
+    store = MemoryBlobStore(plan=latencies(then=0.12))  # every attempt is slower than the delay
     m = ServerMetrics()
     up = engine(store, policy(hedge_delay_s=0.02, hedge_budget_fraction=0.5), m)
     for _ in range(6):
@@ -235,8 +175,9 @@ async def test_budget_stops_hedging_when_spent() -> None:
     assert len(store.objects) == 6  # every loser deleted
 
 
+@pytest.mark.asyncio
 async def test_zero_budget_never_hedges() -> None:
-    store = ScriptedStore(latencies(then=0.08))
+    store = MemoryBlobStore(plan=latencies(then=0.08))
     m = ServerMetrics()
     up = engine(store, policy(hedge_delay_s=0.01, hedge_budget_fraction=0.0), m)
     for _ in range(3):
@@ -272,7 +213,7 @@ def test_adaptive_delay_follows_the_quantile_and_clamps() -> None:
             hedge_max_delay_s=hi,
             min_samples=20,
         )
-        return engine(ScriptedStore(latencies()), p, ServerMetrics())
+        return engine(MemoryBlobStore(plan=latencies()), p, ServerMetrics())
 
     up = uploader(0.01, 1.0)
     assert up.hedge_delay(1000) == 1.0  # cold start: the ceiling
@@ -289,10 +230,11 @@ def test_adaptive_delay_follows_the_quantile_and_clamps() -> None:
     assert up3.hedge_delay(1000) == 0.2  # clamped to the floor
 
 
+@pytest.mark.asyncio
 async def test_adaptive_hedging_learns_from_uploads() -> None:
     # 30 fast uploads teach a ~10 ms p95; then a 1 s put is hedged after the floor, not the
     # 2 s cold-start ceiling
-    store = ScriptedStore(latencies(*([0.01] * 30), 1.0, then=0.01))
+    store = MemoryBlobStore(plan=latencies(*([0.01] * 30), 1.0, then=0.01))
     m = ServerMetrics()
     p = policy(hedge_mode="adaptive", hedge_min_delay_s=0.05, hedge_max_delay_s=2.0, min_samples=20)
     up = engine(store, p, m)
@@ -308,11 +250,12 @@ async def test_adaptive_hedging_learns_from_uploads() -> None:
 
 
 # ------------------------------------------------------------------ retries
+@pytest.mark.asyncio
 async def test_retryable_failure_is_retried() -> None:
     def plan(n: int) -> tuple[float, BaseException | None]:
         return (0.0, TransientStorageError("503 SlowDown")) if n < 2 else (0.0, None)
 
-    store = ScriptedStore(plan)
+    store = MemoryBlobStore(plan=plan)
     m = ServerMetrics()
     up = engine(store, policy(max_attempts=3), m)
     key = await up.upload("job", DATA)
@@ -325,8 +268,9 @@ async def test_retryable_failure_is_retried() -> None:
     assert set(store.objects) == {key}
 
 
+@pytest.mark.asyncio
 async def test_attempt_timeout_is_retried() -> None:
-    store = ScriptedStore(latencies(5.0, then=0.0))
+    store = MemoryBlobStore(plan=latencies(5.0, then=0.0))
     m = ServerMetrics()
     up = engine(store, policy(hedge_mode="off", attempt_timeout_s=0.1), m)
     key = await up.upload("job", DATA)
@@ -337,8 +281,9 @@ async def test_attempt_timeout_is_retried() -> None:
     assert store.put_keys[0] in store.deleted
 
 
+@pytest.mark.asyncio
 async def test_non_retryable_failure_is_not_retried() -> None:
-    store = ScriptedStore(lambda n: (0.0, StorageError("403 AccessDenied", retryable=False)))
+    store = MemoryBlobStore(plan=lambda n: (0.0, StorageError("403 AccessDenied", retryable=False)))
     m = ServerMetrics()
     up = engine(store, policy(max_attempts=5), m)
     with pytest.raises(StorageError, match="403 AccessDenied") as info:
@@ -351,8 +296,9 @@ async def test_non_retryable_failure_is_not_retried() -> None:
     await up.close()  # the failed attempt's delete waits on the fake clock: let it run
 
 
+@pytest.mark.asyncio
 async def test_retries_stop_after_max_attempts() -> None:
-    store = ScriptedStore(lambda n: (0.0, TransientStorageError("500 InternalError")))
+    store = MemoryBlobStore(plan=lambda n: (0.0, TransientStorageError("500 InternalError")))
     up = engine(store, policy(max_attempts=3), ServerMetrics())
     with pytest.raises(TransientStorageError, match=r"after 3 attempt\(s\).*500 InternalError"):
         await up.upload("job", DATA)
@@ -361,8 +307,9 @@ async def test_retries_stop_after_max_attempts() -> None:
     assert store.objects == {}
 
 
+@pytest.mark.asyncio
 async def test_deadline_bounds_the_upload() -> None:
-    store = ScriptedStore(latencies(then=3.0))  # the store hangs
+    store = MemoryBlobStore(plan=latencies(then=3.0))  # the store hangs
     m = ServerMetrics()
     up = engine(store, policy(deadline_s=0.4, attempt_timeout_s=1.0, hedge_delay_s=0.1), m)
     t0 = store.clock.time()
@@ -378,8 +325,9 @@ async def test_deadline_bounds_the_upload() -> None:
     assert store.objects == {}
 
 
+@pytest.mark.asyncio
 async def test_close_cancels_discards_past_its_timeout() -> None:
-    store = ScriptedStore(latencies(0.5, 0.01))
+    store = MemoryBlobStore(plan=latencies(0.5, 0.01))
     up = engine(store, policy(hedge_delay_s=0.05, attempt_timeout_s=30.0), ServerMetrics())
     await up.upload("job", DATA)
     await up.close(timeout_s=0.05)
@@ -387,8 +335,9 @@ async def test_close_cancels_discards_past_its_timeout() -> None:
     assert store.put_keys[0] in store.cancelled and store.put_keys[0] in store.deleted
 
 
+@pytest.mark.asyncio
 async def test_cancelled_upload_discards_its_attempts() -> None:
-    store = ScriptedStore(latencies(0.2, 0.2))
+    store = MemoryBlobStore(plan=latencies(0.2, 0.2))
     up = engine(store, policy(hedge_delay_s=0.05), ServerMetrics())
     task = asyncio.ensure_future(up.upload("job", DATA))
     await store.clock.sleep(0.1)
@@ -400,8 +349,9 @@ async def test_cancelled_upload_discards_its_attempts() -> None:
     assert set(store.put_keys) <= set(store.deleted) and store.objects == {}
 
 
+@pytest.mark.asyncio
 async def test_delete_of_a_landed_loser_is_retried() -> None:
-    store = ScriptedStore(latencies(0.2, 0.01))
+    store = MemoryBlobStore(plan=latencies(0.2, 0.01))
     store.fail_deletes = 2
     m = ServerMetrics()
     up = engine(store, policy(hedge_delay_s=0.05), m)
@@ -413,9 +363,10 @@ async def test_delete_of_a_landed_loser_is_retried() -> None:
     assert sample(m, "dstl_upload_discard_failures_total") == 0
 
 
+@pytest.mark.asyncio
 async def test_failed_attempts_are_deleted_in_one_try() -> None:
     # every put fails: nothing landed, so one batched delete, not retried when it fails
-    store = ScriptedStore(lambda n: (0.0, TransientStorageError("503 SlowDown")))
+    store = MemoryBlobStore(plan=lambda n: (0.0, TransientStorageError("503 SlowDown")))
     store.fail_deletes = 1
     m = ServerMetrics()
     up = engine(store, policy(max_attempts=3), m)
@@ -427,9 +378,10 @@ async def test_failed_attempts_are_deleted_in_one_try() -> None:
     assert sample(m, "dstl_storage_failures_total", op="delete", kind="storage_transient") == 1
 
 
+@pytest.mark.asyncio
 async def test_losers_of_many_uploads_are_deleted_in_one_request() -> None:
     # three uploads, each first attempt slow (0.15 s) and hedged after 0.02 s
-    store = ScriptedStore(lambda n: (0.15 if n % 2 == 0 else 0.005, None))
+    store = MemoryBlobStore(plan=lambda n: (0.15 if n % 2 == 0 else 0.005, None))
     m = ServerMetrics()
     up = engine(store, policy(hedge_delay_s=0.02, discard_batch_delay_s=0.6), m)
     keys = [await up.upload("job", DATA) for _ in range(3)]

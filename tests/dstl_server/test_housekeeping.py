@@ -23,7 +23,7 @@ from dstl_server.housekeeping import StoreHousekeeping
 from dstl_server.metrics import ServerMetrics
 from dstl_server.storage import LocalBlobStore
 from dstl_server.storage.s3 import S3BlobStore
-from tests.dstl_server._fakes import sample
+from tests.fakes import sample
 
 TMP_SUFFIX = ".tmp-dstl"
 
@@ -126,6 +126,7 @@ def make(
     )
 
 
+@pytest.mark.asyncio
 async def test_start_probes_and_removes_every_leftover_at_once(
     store: LocalBlobStore, root: Path, metrics: ServerMetrics, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -153,6 +154,7 @@ async def test_start_probes_and_removes_every_leftover_at_once(
         await hk.stop()
 
 
+@pytest.mark.asyncio
 async def test_health_changes_only_on_transitions(
     store: LocalBlobStore, root: Path, metrics: ServerMetrics
 ) -> None:
@@ -181,6 +183,7 @@ async def test_health_changes_only_on_transitions(
         await hk.stop()
 
 
+@pytest.mark.asyncio
 async def test_store_down_at_start_is_reported_then_recovers_and_sweeps(
     store: LocalBlobStore, root: Path, metrics: ServerMetrics
 ) -> None:
@@ -206,6 +209,7 @@ async def test_store_down_at_start_is_reported_then_recovers_and_sweeps(
         await hk.stop()
 
 
+@pytest.mark.asyncio
 async def test_periodic_sweep_removes_only_old_leftovers(
     store: LocalBlobStore, root: Path, metrics: ServerMetrics
 ) -> None:
@@ -233,6 +237,7 @@ async def test_periodic_sweep_removes_only_old_leftovers(
         await hk.stop()
 
 
+@pytest.mark.asyncio
 async def test_a_hanging_probe_counts_as_down(
     root: Path, metrics: ServerMetrics, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -260,6 +265,7 @@ async def test_a_hanging_probe_counts_as_down(
         await hk.stop()
 
 
+@pytest.mark.asyncio
 async def test_failing_sweep_or_health_callback_does_not_stop_the_loop(
     store: LocalBlobStore,
     root: Path,
@@ -303,6 +309,7 @@ async def test_failing_sweep_or_health_callback_does_not_stop_the_loop(
         await hk.stop()
 
 
+@pytest.mark.asyncio
 async def test_stop_cancels_the_task_and_is_idempotent(
     store: LocalBlobStore, metrics: ServerMetrics
 ) -> None:
@@ -322,6 +329,7 @@ async def test_stop_cancels_the_task_and_is_idempotent(
         await hk.start()  # one life only
 
 
+@pytest.mark.asyncio
 async def test_real_sleep_with_a_tiny_interval(store: LocalBlobStore, root: Path) -> None:
     """The default sleep: the loop notices a broken store by itself."""
     health = Health()
@@ -358,6 +366,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.asyncio
 async def test_s3_store_where_nothing_listens_is_down(metrics: ServerMetrics) -> None:
     store = S3BlobStore(
         "bucket",
@@ -382,6 +391,7 @@ async def test_s3_store_where_nothing_listens_is_down(metrics: ServerMetrics) ->
 
 
 @pytest.mark.s3
+@pytest.mark.asyncio
 async def test_s3_store_that_answers_is_up(s3_store: S3BlobStore, metrics: ServerMetrics) -> None:
     health, ticker = Health(), Ticker()
     hk = StoreHousekeeping(s3_store, on_health=health, metrics=metrics, sleep=ticker.sleep)

@@ -36,6 +36,7 @@ async def add(budget: MemoryBudget, wl: WriterLog, kg: int, *changes: bytes) -> 
     return n
 
 
+@pytest.mark.asyncio
 async def test_ids_and_initial_state() -> None:
     a, b = new_log(), new_log()
     assert a.log_id != b.log_id
@@ -54,6 +55,7 @@ def test_check_key_group_is_inclusive() -> None:
             wl.check_key_group(kg)
 
 
+@pytest.mark.asyncio
 async def test_rollover_closes_only_non_empty_changesets() -> None:
     wl, budget = new_log(), new_budget()
     assert wl.rollover() == 0
@@ -70,6 +72,7 @@ async def test_rollover_closes_only_non_empty_changesets() -> None:
     assert wl.close() == budget.used  # what the log frees is exactly what was charged
 
 
+@pytest.mark.asyncio
 async def test_every_part_is_charged_its_bytes_plus_the_overhead() -> None:
     wl, budget = new_log(), new_budget()
     for _ in range(10):
@@ -81,6 +84,7 @@ async def test_every_part_is_charged_its_bytes_plus_the_overhead() -> None:
     assert budget.used == held_bytes(cs)
 
 
+@pytest.mark.asyncio
 async def test_take_not_uploaded_from_an_sqn() -> None:
     wl, budget = new_log(), new_budget()
     for i in range(4):
@@ -92,6 +96,7 @@ async def test_take_not_uploaded_from_an_sqn() -> None:
     assert wl.take_not_uploaded(None) == []
 
 
+@pytest.mark.asyncio
 async def test_check_persist_from() -> None:
     wl, budget = new_log(), new_budget()
     await add(budget, wl, 4, b"x")
@@ -108,6 +113,7 @@ async def test_check_persist_from() -> None:
         wl.check_persist_from(0)
 
 
+@pytest.mark.asyncio
 async def test_close_drops_everything_unpersisted() -> None:
     wl, budget = new_log(), new_budget()
     n0 = await add(budget, wl, 4, b"zero")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -24,7 +23,7 @@ from dstl_client.core.errors import (
 from dstl_client.core.format import PackedChanges, pack_changes, parse_object
 from dstl_client.core.handle import ChangelogHandle
 from dstl_server.log import PART_OVERHEAD_BYTES
-from tests.dstl_server._fakes import MemoryUploader, batch, part, read_handle, registry, sample
+from tests.fakes import MemoryUploader, batch, part, read_handle, registry, sample, settle
 
 LONG_DELAY_MS = 60_000.0  # a flush that waits for this never happens within a test
 
@@ -34,23 +33,10 @@ def charged(*changes: bytes) -> int:
     return pack_changes(list(changes)).nbytes + PART_OVERHEAD_BYTES
 
 
-async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.001)
-
-
-async def settle() -> None:
-    """Let every ready callback and task of the loop run (no timers)."""
-    for _ in range(10):
-        await asyncio.sleep(0)
-
-
 # ---------------------------------------------------------------- lifecycle
 
 
+@pytest.mark.asyncio
 async def test_flip158_state_change_lifecycle() -> None:
     """Seed 000, "State change lifecycle", step by step."""
     up = MemoryUploader()
@@ -66,7 +52,7 @@ async def test_flip158_state_change_lifecycle() -> None:
 
     # CP1: persistDurably(after = T0); StateChangelog.sqn = T1; upload of (T0:T1 = a)
     cp1_task = asyncio.create_task(reg.persist(lid, after=t0))
-    await wait_until(lambda: up.calls == 1)
+    await up.until(lambda: up.calls == 1)
     t1 = wl.active_sqn
     assert t1 == 1
 
@@ -79,7 +65,7 @@ async def test_flip158_state_change_lifecycle() -> None:
 
     # CP2: persistDurably(after = T0): combines CP1's running upload with (T1:T3 = b,c)
     cp2_task = asyncio.create_task(reg.persist(lid, after=t0))
-    await wait_until(lambda: up.calls == 2)
+    await up.until(lambda: up.calls == 2)
     assert not cp1_task.done() and not cp2_task.done()
     up.gate.set()
     cp1 = await cp1_task
@@ -124,6 +110,7 @@ async def test_flip158_state_change_lifecycle() -> None:
 # ---------------------------------------------------------------- SQNs
 
 
+@pytest.mark.asyncio
 async def test_sqns_increase_only_when_a_changeset_closes() -> None:
     reg = registry(MemoryUploader())
     lid = reg.create_writer("job", "op", (0, 3)).log_id
@@ -136,6 +123,7 @@ async def test_sqns_increase_only_when_a_changeset_closes() -> None:
     assert await reg.last_appended_sqn(lid) == 2
 
 
+@pytest.mark.asyncio
 async def test_persist_with_nothing_appended() -> None:
     up = MemoryUploader()
     reg = registry(up)
@@ -151,6 +139,7 @@ async def test_persist_with_nothing_appended() -> None:
     assert up.calls == 1
 
 
+@pytest.mark.asyncio
 async def test_persist_sqn_out_of_range() -> None:
     reg = registry(MemoryUploader())
     lid = reg.create_writer("job", "op", (0, 3)).log_id
@@ -174,6 +163,7 @@ async def test_persist_sqn_out_of_range() -> None:
 # ---------------------------------------------------------------- reuse
 
 
+@pytest.mark.asyncio
 async def test_overlapping_persists_share_one_upload() -> None:
     up = MemoryUploader()
     up.gate = asyncio.Event()
@@ -181,7 +171,7 @@ async def test_overlapping_persists_share_one_upload() -> None:
     lid = reg.create_writer("job", "op", (0, 3)).log_id
     await reg.append(lid, batch((1, [b"x" * 100])))
     p1 = asyncio.create_task(reg.persist(lid, after=0))
-    await wait_until(lambda: up.calls == 1)
+    await up.until(lambda: up.calls == 1)
     p2 = asyncio.create_task(reg.persist(lid, after=0))
     await settle()
     up.gate.set()
@@ -190,6 +180,7 @@ async def test_overlapping_persists_share_one_upload() -> None:
     assert h1 == h2
 
 
+@pytest.mark.asyncio
 async def test_sequential_persists_upload_only_what_is_new() -> None:
     up = MemoryUploader()
     reg = registry(up)
@@ -210,6 +201,7 @@ async def test_sequential_persists_upload_only_what_is_new() -> None:
 # ---------------------------------------------------------------- batching
 
 
+@pytest.mark.asyncio
 async def test_many_writers_of_one_job_share_one_object() -> None:
     up = MemoryUploader()
     reg = registry(up, persist_delay_ms=LONG_DELAY_MS)
@@ -230,6 +222,7 @@ async def test_many_writers_of_one_job_share_one_object() -> None:
     assert sample(reg.metrics, "dstl_upload_logs_per_object_sum") == 20
 
 
+@pytest.mark.asyncio
 async def test_separate_objects_per_job() -> None:
     up = MemoryUploader()
     reg = registry(up, persist_delay_ms=LONG_DELAY_MS)
@@ -247,6 +240,7 @@ async def test_separate_objects_per_job() -> None:
     assert (h1.job_id, h2.job_id) == ("job-one", "job-two")
 
 
+@pytest.mark.asyncio
 async def test_flush_on_delay_when_not_every_writer_waits() -> None:
     up = MemoryUploader()
     reg = registry(up, persist_delay_ms=200.0)
@@ -263,6 +257,7 @@ async def test_flush_on_delay_when_not_every_writer_waits() -> None:
     assert sample(reg.metrics, "dstl_flushes_total", trigger="delay") == 1
 
 
+@pytest.mark.asyncio
 async def test_flush_on_size_threshold() -> None:
     up = MemoryUploader()
     reg = registry(
@@ -292,6 +287,7 @@ async def test_flush_on_size_threshold() -> None:
     assert up.calls == 2
 
 
+@pytest.mark.asyncio
 async def test_flush_immediately_without_delay() -> None:
     up = MemoryUploader()
     reg = registry(up, persist_delay_ms=0.0)
@@ -302,6 +298,7 @@ async def test_flush_immediately_without_delay() -> None:
     assert sample(reg.metrics, "dstl_flushes_total", trigger="immediate") == 1
 
 
+@pytest.mark.asyncio
 async def test_closed_writers_do_not_hold_back_the_all_waiting_flush() -> None:
     up = MemoryUploader()
     reg = registry(up, persist_delay_ms=LONG_DELAY_MS)
@@ -316,6 +313,7 @@ async def test_closed_writers_do_not_hold_back_the_all_waiting_flush() -> None:
 # ---------------------------------------------------------------- pre-emptive uploads
 
 
+@pytest.mark.asyncio
 async def test_preemptive_upload_at_the_threshold() -> None:
     up = MemoryUploader()
     # the threshold is exactly what the three parts are charged (data + per-part overhead)
@@ -324,14 +322,14 @@ async def test_preemptive_upload_at_the_threshold() -> None:
     wl = reg.create_writer("job", "op", (0, 3))
     await reg.append(wl.log_id, batch((0, [b"a" * 500])))
     await reg.append(wl.log_id, batch((1, [b"b" * 400])))
-    await asyncio.sleep(0.05)
+    await settle()
     assert up.calls == 0  # two parts: below the threshold
     assert wl.active_bytes == threshold - charged(b"c" * 100)
     # three parts: at the threshold; the changes still went into changeset 0
     assert await reg.append(wl.log_id, batch((2, [b"c" * 100]))) == 0
     assert wl.active_sqn == 1  # the changeset was closed for the upload
-    await wait_until(lambda: up.calls == 1)
-    await wait_until(lambda: reg.budget.used == 0)
+    await up.until(lambda: up.calls == 1)
+    await up.until(lambda: reg.budget.used == 0)
     assert sample(reg.metrics, "dstl_preemptive_uploads_total") == 1
     # the checkpoint finds everything uploaded already: no new upload
     h = await reg.persist(wl.log_id, after=0)
@@ -350,6 +348,7 @@ async def test_preemptive_upload_at_the_threshold() -> None:
 # ---------------------------------------------------------------- truncate / close
 
 
+@pytest.mark.asyncio
 async def test_truncate_frees_memory_and_keeps_objects() -> None:
     up = MemoryUploader()
     reg = registry(up)
@@ -375,6 +374,7 @@ async def test_truncate_frees_memory_and_keeps_objects() -> None:
     assert reg.budget.used == 0
 
 
+@pytest.mark.asyncio
 async def test_truncate_during_an_upload() -> None:
     up = MemoryUploader()
     up.gate = asyncio.Event()
@@ -382,7 +382,7 @@ async def test_truncate_during_an_upload() -> None:
     wl = reg.create_writer("job", "op", (0, 3))
     await reg.append(wl.log_id, batch((0, [b"a" * 100])))
     task = asyncio.create_task(reg.persist(wl.log_id, after=0))
-    await wait_until(lambda: up.calls == 1)
+    await up.until(lambda: up.calls == 1)
     await reg.truncate(wl.log_id, before=1)
     assert reg.budget.used == charged(b"a" * 100)  # still held by the running upload
     up.gate.set()
@@ -392,6 +392,7 @@ async def test_truncate_during_an_upload() -> None:
     assert wl.uploaded == {}  # truncated: no reference kept
 
 
+@pytest.mark.asyncio
 async def test_close_drops_unpersisted_changes() -> None:
     up = MemoryUploader()
     reg = registry(up)
@@ -420,6 +421,7 @@ async def test_close_drops_unpersisted_changes() -> None:
     assert await read_handle(up, h) == [(1, 0, [b"kept"])]
 
 
+@pytest.mark.asyncio
 async def test_close_during_an_upload_releases_memory() -> None:
     up = MemoryUploader()
     up.gate = asyncio.Event()
@@ -427,7 +429,7 @@ async def test_close_during_an_upload_releases_memory() -> None:
     wl = reg.create_writer("job", "op", (0, 3))
     await reg.append(wl.log_id, batch((0, [b"a" * 100])))
     task = asyncio.create_task(reg.persist(wl.log_id, after=0))
-    await wait_until(lambda: up.calls == 1)
+    await up.until(lambda: up.calls == 1)
     reg.close_writer(wl.log_id)
     assert reg.budget.used == charged(b"a" * 100)
     up.gate.set()
@@ -441,6 +443,7 @@ async def test_close_during_an_upload_releases_memory() -> None:
 # ---------------------------------------------------------------- failures
 
 
+@pytest.mark.asyncio
 async def test_failed_upload_keeps_the_changes() -> None:
     up = MemoryUploader()
     up.fail_next = 1
@@ -460,6 +463,7 @@ async def test_failed_upload_keeps_the_changes() -> None:
     assert reg.budget.used == 0
 
 
+@pytest.mark.asyncio
 async def test_failed_upload_fails_every_waiting_persist() -> None:
     up = MemoryUploader()
     up.gate = asyncio.Event()
@@ -468,7 +472,7 @@ async def test_failed_upload_fails_every_waiting_persist() -> None:
     wl = reg.create_writer("job", "op", (0, 3))
     await reg.append(wl.log_id, batch((0, [b"x"])))
     p1 = asyncio.create_task(reg.persist(wl.log_id, after=0))
-    await wait_until(lambda: up.calls == 1)
+    await up.until(lambda: up.calls == 1)
     p2 = asyncio.create_task(reg.persist(wl.log_id, after=0))
     await settle()
     up.gate.set()
@@ -482,6 +486,7 @@ async def test_failed_upload_fails_every_waiting_persist() -> None:
 # ---------------------------------------------------------------- backpressure
 
 
+@pytest.mark.asyncio
 async def test_backpressure_times_out_while_the_store_is_stuck() -> None:
     up = MemoryUploader()
     up.gate = asyncio.Event()
@@ -503,12 +508,13 @@ async def test_backpressure_times_out_while_the_store_is_stuck() -> None:
     assert sample(reg.metrics, "dstl_backpressure_waits_total") == 1
     assert up.calls == 1  # the pressure started an upload of what was waiting
     up.gate.set()
-    await wait_until(lambda: reg.budget.used == 0)
+    await up.until(lambda: reg.budget.used == 0)
     h = await reg.persist(wl.log_id, after=0)
     # the rejected batch was not appended; nothing else was lost
     assert await read_handle(up, h) == [(0, 0, [b"a" * 3000]), (1, 0, [b"b" * 3000])]
 
 
+@pytest.mark.asyncio
 async def test_backpressure_lets_appends_proceed_once_uploads_finish() -> None:
     up = MemoryUploader()
     up.gate = asyncio.Event()
@@ -524,7 +530,7 @@ async def test_backpressure_lets_appends_proceed_once_uploads_finish() -> None:
     await reg.append(wl.log_id, batch((0, [b"a" * 5000])))
     blocked = asyncio.create_task(reg.append(wl.log_id, batch((1, [b"waited"]))))
     blocked_other = asyncio.create_task(reg.append(other.log_id, batch((1, [b"too"]))))
-    await asyncio.sleep(0.05)
+    await settle()  # both wait for the budget (the gated upload holds it)
     assert not blocked.done() and not blocked_other.done()
     up.gate.set()
     assert await asyncio.wait_for(blocked, 5) == 1  # after the pre-emptive rollover
@@ -539,6 +545,7 @@ async def test_backpressure_lets_appends_proceed_once_uploads_finish() -> None:
 # ---------------------------------------------------------------- bad input
 
 
+@pytest.mark.asyncio
 async def test_bad_appends_leave_every_log_untouched() -> None:
     up = MemoryUploader()
     reg = registry(up, max_change_bytes=100)
@@ -586,6 +593,7 @@ async def test_bad_appends_leave_every_log_untouched() -> None:
         ("job", "op", (0, 1 << 24)),
     ],
 )
+@pytest.mark.asyncio
 async def test_create_writer_rejects_bad_input(
     job: str, op: str, kg_range: tuple[int, int]
 ) -> None:
@@ -595,6 +603,7 @@ async def test_create_writer_rejects_bad_input(
     assert len(reg) == 0
 
 
+@pytest.mark.asyncio
 async def test_max_writers() -> None:
     reg = registry(MemoryUploader(), max_writers=2)
     w = reg.create_writer("job", "a", (0, 0))
@@ -611,6 +620,7 @@ async def test_max_writers() -> None:
     reg.create_writer("job", "c", (0, 0))
 
 
+@pytest.mark.asyncio
 async def test_max_writers_per_job() -> None:
     reg = registry(MemoryUploader(), max_writers=10, max_writers_per_job=2)
     a1 = reg.create_writer("job-a", "op-1", (0, 0))
@@ -639,6 +649,7 @@ async def test_max_writers_per_job() -> None:
 # ---------------------------------------------------------------- idle writers
 
 
+@pytest.mark.asyncio
 async def test_idle_writers_expire() -> None:
     up = MemoryUploader()
     reg = registry(up, writer_idle_timeout_s=100.0, max_writers_per_job=2)
@@ -675,6 +686,7 @@ async def test_idle_writers_expire() -> None:
     assert len(reg) == 2
 
 
+@pytest.mark.asyncio
 async def test_a_writer_with_an_upload_in_flight_does_not_expire() -> None:
     up = MemoryUploader()
     up.gate = asyncio.Event()
@@ -682,7 +694,7 @@ async def test_a_writer_with_an_upload_in_flight_does_not_expire() -> None:
     wl = reg.create_writer("job", "op", (0, 3))
     await reg.append(wl.log_id, batch((0, [b"uploading"])))
     persist = asyncio.create_task(reg.persist(wl.log_id, after=0))
-    await wait_until(lambda: up.calls == 1)
+    await up.until(lambda: up.calls == 1)
     later = time.monotonic() + 1000.0
     assert reg.expire_idle(later) == 0  # idle for long, but its upload is still running
     assert len(reg) == 1
@@ -698,6 +710,7 @@ async def test_a_writer_with_an_upload_in_flight_does_not_expire() -> None:
 # ---------------------------------------------------------------- memory accounting
 
 
+@pytest.mark.asyncio
 async def test_tiny_parts_are_charged_their_overhead() -> None:
     up = MemoryUploader()
     up.gate = asyncio.Event()
@@ -718,9 +731,10 @@ async def test_tiny_parts_are_charged_their_overhead() -> None:
     with pytest.raises(Backpressure):
         await reg.append(wl.log_id, batch((0, [b"y"])))
     up.gate.set()
-    await wait_until(lambda: reg.budget.used == 0)
+    await up.until(lambda: reg.budget.used == 0)
 
 
+@pytest.mark.asyncio
 async def test_drain_refuses_new_writers_and_finishes_uploads() -> None:
     up = MemoryUploader()
     up.gate = asyncio.Event()
@@ -728,7 +742,7 @@ async def test_drain_refuses_new_writers_and_finishes_uploads() -> None:
     wl = reg.create_writer("job", "op", (0, 0))
     await reg.append(wl.log_id, batch((0, [b"x"])))
     persist = asyncio.create_task(reg.persist(wl.log_id, after=0))
-    await wait_until(lambda: up.calls == 1)
+    await up.until(lambda: up.calls == 1)
     drain = asyncio.create_task(reg.drain(5.0))
     await settle()
     with pytest.raises(ShuttingDown):

@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
 
 import pytest
 
@@ -25,7 +24,7 @@ from dstl_client.core.errors import (
 from dstl_server.metrics import ServerMetrics
 from dstl_server.upload_policy import UploadPolicy, is_retryable
 from dstl_server.uploader import UploadExecutor
-from tests.dstl_server._fakes import FakeClock, ScriptedStore, sample
+from tests.fakes import FakeClock, MemoryBlobStore, Outcome, latencies, sample
 
 DATA = b"an object" * 100
 FAST = UploadPolicy(
@@ -37,21 +36,24 @@ FAST = UploadPolicy(
 )
 
 
-def executor(store: ScriptedStore, policy: UploadPolicy = FAST, **kw: Any) -> UploadExecutor:
-    """An engine on a fake clock (``clock=`` one to share it with the test)."""
-    clock = kw.pop("clock", None) or FakeClock()
-    metrics = kw.pop("metrics", None) or ServerMetrics()
+def executor(
+    store: MemoryBlobStore, policy: UploadPolicy = FAST, metrics: ServerMetrics | None = None
+) -> UploadExecutor:
+    """An engine on the store's fake clock."""
+    clock = store.clock
+    metrics = metrics or ServerMetrics()
     return UploadExecutor(store, policy, metrics, clock=clock.time, sleep=clock.sleep)
 
 
 def uploader(
-    script: Iterable[BaseException | str | None], policy: UploadPolicy = FAST
-) -> tuple[UploadExecutor, ScriptedStore, ServerMetrics]:
-    store = ScriptedStore(script)
+    script: Iterable[Outcome], policy: UploadPolicy = FAST
+) -> tuple[UploadExecutor, MemoryBlobStore, ServerMetrics]:
+    store = MemoryBlobStore(script)
     metrics = ServerMetrics()
     return executor(store, policy, metrics=metrics), store, metrics
 
 
+@pytest.mark.asyncio
 async def test_first_attempt_succeeds() -> None:
     up, store, metrics = uploader([None])
     key = await up.upload("job-1", DATA)
@@ -74,6 +76,7 @@ async def test_first_attempt_succeeds() -> None:
         StorageError("connection reset", retryable=True),
     ],
 )
+@pytest.mark.asyncio
 async def test_retryable_errors_are_retried_with_new_keys(failure: StorageError) -> None:
     up, store, metrics = uploader([failure, failure, None])
     key = await up.upload("job", DATA)
@@ -98,6 +101,7 @@ async def test_retryable_errors_are_retried_with_new_keys(failure: StorageError)
         (RuntimeError("a bug"), StorageError),
     ],
 )
+@pytest.mark.asyncio
 async def test_non_retryable_errors_fail_at_once(
     failure: Exception, raised: type[Exception]
 ) -> None:
@@ -114,6 +118,7 @@ async def test_non_retryable_errors_fail_at_once(
     assert sample(metrics, "dstl_upload_retries_total") == 0
 
 
+@pytest.mark.asyncio
 async def test_attempts_are_bounded() -> None:
     failures = [TransientStorageError("503")] * 5
     up, store, metrics = uploader(failures)
@@ -128,6 +133,7 @@ async def test_attempts_are_bounded() -> None:
     assert sample(metrics, "dstl_upload_retries_total") == 2
 
 
+@pytest.mark.asyncio
 async def test_timed_out_attempt_is_retried_and_deleted() -> None:
     """A put that reached the store but never answered leaves an object: it is removed."""
     policy = replace(FAST, attempt_timeout_s=0.05)
@@ -144,6 +150,7 @@ async def test_timed_out_attempt_is_retried_and_deleted() -> None:
     assert sample(metrics, "dstl_upload_retries_total") == 1
 
 
+@pytest.mark.asyncio
 async def test_every_attempt_times_out() -> None:
     policy = replace(FAST, attempt_timeout_s=0.02, max_attempts=2)
     up, store, metrics = uploader(["hang", "hang"], policy)
@@ -154,14 +161,11 @@ async def test_every_attempt_times_out() -> None:
     assert sample(metrics, "dstl_storage_failures_total", op="put", kind="timeout") == 2
 
 
+@pytest.mark.asyncio
 async def test_failing_cleanup_does_not_fail_the_upload(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    class NoDeletes(ScriptedStore):
-        async def delete(self, keys: object) -> int:
-            raise TransientStorageError("delete refused")
-
-    store = NoDeletes([TransientStorageError("503"), None])
+    store = MemoryBlobStore([TransientStorageError("503"), None], fail_deletes=1)
     up = executor(store)
     key = await up.upload("job", DATA)
     await up.close(1.0)  # the failed delete is logged, not raised
@@ -169,15 +173,11 @@ async def test_failing_cleanup_does_not_fail_the_upload(
     assert f"could not delete failed attempt {store.put_keys[0]}" in caplog.text
 
 
+@pytest.mark.asyncio
 async def test_close_is_bounded() -> None:
-    class SlowDeletes(ScriptedStore):
-        async def delete(self, keys: object) -> int:
-            await asyncio.sleep(3600)
-            return 0
-
-    store = SlowDeletes([TransientStorageError("503"), None])
     clock = FakeClock()
-    up = executor(store, clock=clock)
+    store = MemoryBlobStore([TransientStorageError("503"), None], clock=clock, hang_deletes=True)
+    up = executor(store)
     await up.upload("job", DATA)
     started = time.monotonic()
     virtual = clock.time()
@@ -189,13 +189,14 @@ async def test_close_is_bounded() -> None:
 
 
 # ------------------------------------------------- deadline and losers, hedging off
+@pytest.mark.asyncio
 async def test_deadline_is_honoured_with_hedging_off() -> None:
     """Attempts that keep timing out are retried until the total deadline, not past it."""
     clock = FakeClock()
-    store = ScriptedStore(["hang"] * 10)
+    store = MemoryBlobStore(["hang"] * 10, clock=clock)
     metrics = ServerMetrics()
     policy = replace(FAST, attempt_timeout_s=1.0, max_attempts=10, deadline_s=3.0)
-    up = executor(store, policy, clock=clock, metrics=metrics)
+    up = executor(store, policy, metrics=metrics)
     t0 = clock.time()
     with pytest.raises(
         TransientStorageError, match=r"missed its 3s deadline \(3 attempt\(s\), 2 failed"
@@ -212,20 +213,14 @@ async def test_deadline_is_honoured_with_hedging_off() -> None:
     assert sorted(store.deleted) == sorted(store.put_keys) and store.objects == {}
 
 
+@pytest.mark.asyncio
 async def test_attempt_that_lands_after_the_deadline_is_deleted() -> None:
     """Hedging off: the deadline fails the upload while its only attempt runs on; that
     attempt then completes (its object lands) and is deleted as a loser."""
     clock = FakeClock()
-
-    class SlowPuts(ScriptedStore):
-        async def put(self, key: str, data: bytes) -> None:
-            self.put_keys.append(key)
-            await clock.sleep(2.0)
-            self.objects[key] = data
-
-    store = SlowPuts()
+    store = MemoryBlobStore(plan=latencies(2.0), clock=clock)
     metrics = ServerMetrics()
-    up = executor(store, replace(FAST, deadline_s=1.0), clock=clock, metrics=metrics)
+    up = executor(store, replace(FAST, deadline_s=1.0), metrics=metrics)
     with pytest.raises(TransientStorageError, match=r"missed its 1s deadline .*1 still running"):
         await up.upload("job", DATA)
     (key,) = store.put_keys
@@ -236,19 +231,13 @@ async def test_attempt_that_lands_after_the_deadline_is_deleted() -> None:
     assert sample(metrics, "dstl_upload_attempts_discarded_total") == 1
 
 
+@pytest.mark.asyncio
 async def test_failed_attempts_of_many_uploads_are_deleted_in_one_request() -> None:
-    class CountingDeletes(ScriptedStore):
-        delete_calls = 0
-
-        async def delete(self, keys: Sequence[str]) -> int:
-            self.delete_calls += 1
-            return await super().delete(keys)
-
     clock = FakeClock()
-    store = CountingDeletes([TransientStorageError("503"), None] * 3)
+    store = MemoryBlobStore([TransientStorageError("503"), None] * 3, clock=clock)
     metrics = ServerMetrics()
     policy = replace(FAST, discard_batch_delay_s=5.0)
-    up = executor(store, policy, clock=clock, metrics=metrics)
+    up = executor(store, policy, metrics=metrics)
     keys = [await up.upload("job", DATA) for _ in range(3)]
     assert keys == store.put_keys[1::2]
     await clock.sleep(1.0)
@@ -291,6 +280,7 @@ def test_retry_classification_is_by_type(exc: BaseException, retryable: bool) ->
     assert is_retryable(exc) is retryable
 
 
+@pytest.mark.asyncio
 async def test_the_engine_retries_by_classification() -> None:
     up, store, metrics = uploader([RetryableByType("custom"), None])
     key = await up.upload("job", DATA)

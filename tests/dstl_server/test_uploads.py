@@ -21,7 +21,7 @@ from dstl_server.log import PART_OVERHEAD_BYTES, WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.throttle import MemoryBudget
 from dstl_server.uploads import BatchingScheduler, Uploads, UploadTask
-from tests.dstl_server._fakes import MemoryUploader, sample, settings
+from tests.fakes import MemoryUploader, sample, settings, settle
 
 # ---------------------------------------------------------------- lifecycle
 
@@ -75,6 +75,7 @@ async def complete(task: UploadTask, result: HandleEntry | None) -> None:
     await ran.wait()
 
 
+@pytest.mark.asyncio
 async def test_upload_success_frees_data_and_keeps_the_entry() -> None:
     node, wl = Node(), new_log()
     nbytes = await node.add(wl, 4, b"abc")
@@ -95,6 +96,7 @@ async def test_upload_success_frees_data_and_keeps_the_entry() -> None:
     assert wl.sections_from(2) == []
 
 
+@pytest.mark.asyncio
 async def test_upload_failure_returns_changesets() -> None:
     node, wl = Node(), new_log()
     nbytes = await node.add(wl, 4, b"abc")
@@ -105,6 +107,7 @@ async def test_upload_failure_returns_changesets() -> None:
     assert node.budget.used == nbytes  # nothing freed: the changes are kept
 
 
+@pytest.mark.asyncio
 async def test_upload_failure_after_truncate_or_close_frees() -> None:
     node, wl = Node(), new_log()
     nbytes = await node.add(wl, 4, b"abc")
@@ -129,6 +132,7 @@ async def test_upload_failure_after_truncate_or_close_frees() -> None:
     assert not wl2.not_uploaded
 
 
+@pytest.mark.asyncio
 async def test_sections_mix_uploaded_and_uploading_in_sqn_order() -> None:
     node, wl = Node(), new_log()
     await node.add(wl, 4, b"a")
@@ -146,6 +150,7 @@ async def test_sections_mix_uploaded_and_uploading_in_sqn_order() -> None:
     assert wl.sections_from(2) == [t2]  # t2 holds SQN 1 and 2: the reader filters SQN 1
 
 
+@pytest.mark.asyncio
 async def test_truncate_after_an_upload() -> None:
     node, wl = Node(), new_log()
     n0 = await node.add(wl, 4, b"zero")
@@ -168,6 +173,7 @@ async def test_truncate_after_an_upload() -> None:
     assert wl.truncated_before == 2
 
 
+@pytest.mark.asyncio
 async def test_successful_upload_after_close_keeps_no_reference() -> None:
     node, wl = Node(), new_log()
     await node.add(wl, 4, b"x")
@@ -178,6 +184,7 @@ async def test_successful_upload_after_close_keeps_no_reference() -> None:
     assert wl.uploaded == {} and node.budget.used == 0
 
 
+@pytest.mark.asyncio
 async def test_abandon_fails_every_running_upload() -> None:
     node, wl = Node(), new_log()
     n = await node.add(wl, 4, b"x")
@@ -242,11 +249,7 @@ def check_entry(up: MemoryUploader, task: UploadTask, entry: HandleEntry) -> byt
     return change
 
 
-async def settle() -> None:
-    for _ in range(10):
-        await asyncio.sleep(0)
-
-
+@pytest.mark.asyncio
 async def test_one_object_per_flush() -> None:
     up = MemoryUploader()
     metrics = ServerMetrics()
@@ -265,6 +268,7 @@ async def test_one_object_per_flush() -> None:
     assert sample(metrics, "dstl_upload_logs_per_object_sum") == 5
 
 
+@pytest.mark.asyncio
 async def test_several_tasks_of_one_writer_in_one_object() -> None:
     up = MemoryUploader()
     sch = scheduler(up, writers=2, delay_s=0.01)
@@ -279,6 +283,7 @@ async def test_several_tasks_of_one_writer_in_one_object() -> None:
     assert check_entry(up, t2, e2) == b"second"
 
 
+@pytest.mark.asyncio
 async def test_delay_trigger() -> None:
     up = MemoryUploader()
     metrics = ServerMetrics()
@@ -295,6 +300,7 @@ async def test_delay_trigger() -> None:
     assert sample(metrics, "dstl_flushes_total", trigger="all_waiting") == 0
 
 
+@pytest.mark.asyncio
 async def test_timer_restarts_with_the_next_batch() -> None:
     up = MemoryUploader()
     metrics = ServerMetrics()
@@ -308,6 +314,7 @@ async def test_timer_restarts_with_the_next_batch() -> None:
     assert up.calls == 2
 
 
+@pytest.mark.asyncio
 async def test_size_trigger() -> None:
     up = MemoryUploader()
     metrics = ServerMetrics()
@@ -324,6 +331,7 @@ async def test_size_trigger() -> None:
     assert sample(metrics, "dstl_flushes_total", trigger="size") == 1
 
 
+@pytest.mark.asyncio
 async def test_preemptive_tasks_do_not_count_as_waiting_writers() -> None:
     up = MemoryUploader()
     metrics = ServerMetrics()
@@ -345,6 +353,7 @@ async def test_preemptive_tasks_do_not_count_as_waiting_writers() -> None:
     assert sample(metrics, "dstl_flushes_total", trigger="all_waiting") == 1
 
 
+@pytest.mark.asyncio
 async def test_one_writer_persisting_twice_is_one_waiting_writer() -> None:
     up = MemoryUploader()
     sch = scheduler(up, writers=2)
@@ -355,6 +364,7 @@ async def test_one_writer_persisting_twice_is_one_waiting_writer() -> None:
     assert up.calls == 0
 
 
+@pytest.mark.asyncio
 async def test_immediate_without_delay() -> None:
     up = MemoryUploader()
     metrics = ServerMetrics()
@@ -365,6 +375,7 @@ async def test_immediate_without_delay() -> None:
     assert sample(metrics, "dstl_flushes_total", trigger="immediate") == 1
 
 
+@pytest.mark.asyncio
 async def test_flush_of_an_empty_queue_does_nothing() -> None:
     up = MemoryUploader()
     metrics = ServerMetrics()
@@ -379,6 +390,7 @@ async def test_flush_of_an_empty_queue_does_nothing() -> None:
     ("failure", "reason"),
     [("transient", "injected upload failure"), ("bug", "RuntimeError('boom')")],
 )
+@pytest.mark.asyncio
 async def test_failed_upload_fails_every_task(failure: str, reason: str) -> None:
     up = MemoryUploader()
     if failure == "transient":
@@ -400,6 +412,7 @@ async def test_failed_upload_fails_every_task(failure: str, reason: str) -> None
     assert up.calls == 1
 
 
+@pytest.mark.asyncio
 async def test_failure_does_not_stick() -> None:
     up = MemoryUploader()
     up.fail_next = 1
@@ -414,6 +427,7 @@ async def test_failure_does_not_stick() -> None:
     assert check_entry(up, t2, await asyncio.wait_for(t2.future, 5)) == b"y"
 
 
+@pytest.mark.asyncio
 async def test_upload_slots_bound_concurrency_across_jobs() -> None:
     up = MemoryUploader()
     up.gate = asyncio.Event()
@@ -436,6 +450,7 @@ async def test_upload_slots_bound_concurrency_across_jobs() -> None:
     assert sample(metrics, "dstl_upload_in_flight_bytes") == 0
 
 
+@pytest.mark.asyncio
 async def test_large_object_is_encoded_off_the_loop() -> None:
     up = MemoryUploader()
     sch = scheduler(up, writers=3)
@@ -448,6 +463,7 @@ async def test_large_object_is_encoded_off_the_loop() -> None:
         assert check_entry(up, t, e) == p
 
 
+@pytest.mark.asyncio
 async def test_drain_flushes_waits_and_refuses() -> None:
     up = MemoryUploader()
     up.gate = asyncio.Event()
@@ -476,6 +492,7 @@ async def test_drain_flushes_waits_and_refuses() -> None:
     assert check_entry(up, again, await asyncio.wait_for(again.future, 5)) == b"again"
 
 
+@pytest.mark.asyncio
 async def test_drain_times_out_on_a_stuck_upload() -> None:
     up = MemoryUploader()
     up.gate = asyncio.Event()

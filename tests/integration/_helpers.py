@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from dstl_client import ChangelogClient, ChangelogHandle, ChangelogWriter
+from dstl_client._status import to_dstl_error
 from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
+from dstl_client.core.errors import DstlError
+from dstl_server.testing import ServerProcess
 
 TMP_SUFFIX = ".tmp-dstl"
+
+
+def poll_until(
+    cond: Callable[[], bool], what: str, timeout_s: float = 15.0, interval_s: float = 0.02
+) -> None:
+    """Until ``cond()`` holds, failing with ``what`` after ``timeout_s``.
+
+    For state of another process (a sidecar's metrics, the files it writes, a
+    proxy's counters): no event crosses the process boundary, so this polls,
+    bounded by a deadline. Within one process, await an event instead.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} (not within {timeout_s:g}s)"
+        time.sleep(interval_s)
 
 
 def object_files(root: Path) -> list[Path]:
@@ -64,3 +87,39 @@ class Bystander:
         handle = self._write(len(self.expected) // 8)
         got = sorted((kg, data) for kg, _sqn, data in read_all(self.client, handle))
         assert got == sorted(self.expected)
+
+
+@dataclasses.dataclass
+class Sidecar:
+    """A sidecar process with a client, a bare stub (its own channel) and a bystander."""
+
+    proc: ServerProcess
+    root: Path
+    client: ChangelogClient
+    channel: grpc.Channel
+    stub: pb_grpc.ChangelogStub
+    bystander: Bystander
+
+
+@contextlib.contextmanager
+def sidecar_with_bystander(root: Path, extra_args: list[str]) -> Iterator[Sidecar]:
+    """A :class:`Sidecar` on ``root``; its bystander writes job ``other-job``."""
+    with ServerProcess(root, extra_args=extra_args) as proc:
+        channel, stub = raw_stub(proc.address)
+        client = ChangelogClient(proc.address, timeout_s=20)
+        try:
+            yield Sidecar(proc, root, client, channel, stub, Bystander(client, job_id="other-job"))
+        finally:
+            client.close()
+            channel.close()
+
+
+def error_of(call: Callable[..., Any], request: Any, timeout: float = 20) -> DstlError:
+    """Send ``request`` through a bare stub; return the typed error it failed with."""
+    try:
+        result = call(request, timeout=timeout)
+        if hasattr(result, "__next__"):  # server streaming
+            list(result)
+    except grpc.RpcError as exc:
+        return to_dstl_error(exc)
+    raise AssertionError(f"{type(request).__name__} was accepted")

@@ -16,6 +16,7 @@ def no_leftover_processes() -> Iterator[None]:
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     yield
+    # children of a stopped sidecar exit on their own: poll (another process), bounded
     deadline = time.monotonic() + 5
     while True:
         left = [p for p in me.children(recursive=True) if p.pid not in before and _alive(p)]

@@ -10,21 +10,15 @@ from __future__ import annotations
 import dataclasses
 import struct
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
-import grpc
 import pytest
 
 from dstl_client import ChangelogClient, ChangelogHandle, ChangelogWriter
-from dstl_client._status import to_dstl_error
 from dstl_client.core._pb import dstl_pb2 as pb
-from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
 from dstl_client.core.errors import (
     ChangeTooLarge,
     CorruptObject,
-    DstlError,
     InvalidArgument,
     InvalidHandle,
     KeyGroupOutOfRange,
@@ -34,33 +28,23 @@ from dstl_client.core.errors import (
     WriterClosed,
 )
 from dstl_client.core.handle import HandleEntry
-from dstl_server.testing import ServerProcess
-from tests.integration._helpers import Bystander, object_path, raw_stub, read_all
+from tests.integration._helpers import (
+    Sidecar,
+    error_of,
+    object_path,
+    read_all,
+    sidecar_with_bystander,
+)
 
 MAX_CHANGE = 4096
 JOB = "job-bad-input"
 
 
-@dataclasses.dataclass
-class Sidecar:
-    proc: ServerProcess
-    root: Path
-    client: ChangelogClient
-    stub: pb_grpc.ChangelogStub
-    bystander: Bystander
-
-
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
     root = tmp_path_factory.mktemp("bad-input") / "srv"
-    with ServerProcess(root, extra_args=["--max-change-bytes", str(MAX_CHANGE)]) as proc:
-        channel, stub = raw_stub(proc.address)
-        client = ChangelogClient(proc.address, timeout_s=20)
-        try:
-            yield Sidecar(proc, root, client, stub, Bystander(client, job_id="other-job"))
-        finally:
-            client.close()
-            channel.close()
+    with sidecar_with_bystander(root, ["--max-change-bytes", str(MAX_CHANGE)]) as sidecar:
+        yield sidecar
 
 
 @pytest.fixture(autouse=True)
@@ -74,17 +58,6 @@ def writer(sidecar: Sidecar) -> Iterator[ChangelogWriter]:
     w = sidecar.client.create_writer(job_id=JOB, operator_id="op", key_group_range=(10, 19))
     yield w
     w.close()
-
-
-def raw_error(call: Callable[..., Any], request: Any) -> DstlError:
-    """Send ``request`` through a bare stub; return the typed error it failed with."""
-    try:
-        result = call(request, timeout=20)
-        if hasattr(result, "__next__"):  # server streaming
-            list(result)
-    except grpc.RpcError as exc:
-        return to_dstl_error(exc)
-    raise AssertionError(f"{request!r} was accepted")
 
 
 def packed(*changes: bytes) -> tuple[int, bytes, bytes]:
@@ -119,7 +92,7 @@ def test_unknown_log_id(sidecar: Sidecar) -> None:
         (s.Truncate, pb.TruncateRequest(log_id=unknown, before=0)),
         (s.CloseWriter, pb.CloseWriterRequest(log_id=unknown)),
     ):
-        err = raw_error(call, req)
+        err = error_of(call, req)
         assert isinstance(err, LogNotFound), err
         assert unknown in err.message
 
@@ -133,7 +106,7 @@ def test_closed_writer(sidecar: Sidecar) -> None:
     with pytest.raises(WriterClosed):
         w.persist_durably(after=0)
     # The sidecar forgot the log: its id is unknown now, however it is reached.
-    err = raw_error(sidecar.stub.LastAppendedSqn, pb.LastAppendedSqnRequest(log_id=w.log_id))
+    err = error_of(sidecar.stub.LastAppendedSqn, pb.LastAppendedSqnRequest(log_id=w.log_id))
     assert isinstance(err, LogNotFound)
 
 
@@ -159,7 +132,7 @@ def test_key_group_outside_range_server_side(sidecar: Sidecar, writer: Changelog
     ok = pb.KeyGroupChanges(key_group=11, count=count, sizes=sizes, payload=payload)
     for kg in (9, 20):
         bad = pb.KeyGroupChanges(key_group=kg, count=count, sizes=sizes, payload=payload)
-        err = raw_error(
+        err = error_of(
             sidecar.stub.Append, pb.AppendRequest(log_id=writer.log_id, changes=[ok, bad])
         )
         assert isinstance(err, KeyGroupOutOfRange), err
@@ -188,7 +161,7 @@ def test_change_over_max_change_bytes(sidecar: Sidecar, writer: ChangelogWriter)
         log_id=writer.log_id,
         changes=[pb.KeyGroupChanges(key_group=12, count=count, sizes=sizes, payload=payload)],
     )
-    err = raw_error(sidecar.stub.Append, req)
+    err = error_of(sidecar.stub.Append, req)
     assert isinstance(err, ChangeTooLarge), err
     assert str(MAX_CHANGE + 1) in err.message and str(MAX_CHANGE) in err.message
     h = writer.persist_durably(after=0).result(timeout=30)
@@ -212,14 +185,14 @@ def test_malformed_packed_changes(
         log_id=writer.log_id,
         changes=[pb.KeyGroupChanges(key_group=10, count=count, sizes=sizes, payload=payload)],
     )
-    err = raw_error(sidecar.stub.Append, req)
+    err = error_of(sidecar.stub.Append, req)
     assert type(err) is InvalidArgument, err
     assert reason in err.message
     assert_writer_still_works(sidecar.client, writer)
 
 
 def test_empty_append_batch(sidecar: Sidecar, writer: ChangelogWriter) -> None:
-    err = raw_error(sidecar.stub.Append, pb.AppendRequest(log_id=writer.log_id))
+    err = error_of(sidecar.stub.Append, pb.AppendRequest(log_id=writer.log_id))
     assert isinstance(err, InvalidArgument) and "empty" in err.message
 
 
@@ -287,7 +260,7 @@ def test_malformed_handle_bytes(sidecar: Sidecar, blob: bytes) -> None:
         msg.ParseFromString(blob)
     except Exception:
         return
-    err = raw_error(sidecar.stub.ReadChanges, pb.ReadChangesRequest(handle=msg))
+    err = error_of(sidecar.stub.ReadChanges, pb.ReadChangesRequest(handle=msg))
     assert isinstance(err, InvalidHandle), err
 
 

@@ -9,6 +9,7 @@ refuses another job's token (PERMISSION_DENIED) and malformed page tokens
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -110,7 +111,9 @@ def _s3_server_first(request: pytest.FixtureRequest) -> None:
     those tests skip, or fail under CI, on their own).
     """
     wanted = any(
-        item.module is request.module and item.get_closest_marker("s3")
+        isinstance(item, pytest.Function)
+        and item.module is request.module
+        and item.get_closest_marker("s3")
         for item in request.session.items
     )
     if wanted and find_weed() is not None:
@@ -289,6 +292,6 @@ def test_malformed_page_tokens_are_invalid_arguments(backend: Backend, token: st
 
 def test_bad_job_ids_are_invalid_arguments(backend: Backend) -> None:
     for job in ("", "../x", "a/b", "x" * 200):
-        assert status_of(lambda job=job: list_page(backend, job, as_job=None)) == (
+        assert status_of(functools.partial(list_page, backend, job, as_job=None)) == (
             grpc.StatusCode.INVALID_ARGUMENT
         )

@@ -7,13 +7,11 @@ job must still append, persist and read back every byte it ever wrote.
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -22,11 +20,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from dstl_client import ChangelogClient
 from dstl_client._status import to_dstl_error
 from dstl_client.core._pb import dstl_pb2 as pb
-from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
 from dstl_client.core.errors import (
     Backpressure,
     CallLost,
-    DstlError,
     InvalidArgument,
     InvalidHandle,
     KeyGroupOutOfRange,
@@ -36,20 +32,11 @@ from dstl_client.core.errors import (
 )
 from dstl_client.core.format import MAX_PARTS_PER_REQUEST
 from dstl_server.testing import ServerProcess
-from tests.integration._helpers import Bystander, raw_stub
+from tests.integration._helpers import Sidecar, error_of, poll_until, sidecar_with_bystander
 
 JOB = "job-probe"
 ORDER_TIMEOUT_S = 1.0
 PER_JOB = 4
-
-
-@dataclasses.dataclass
-class Sidecar:
-    proc: ServerProcess
-    client: ChangelogClient
-    channel: grpc.Channel
-    stub: pb_grpc.ChangelogStub
-    bystander: Bystander
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +52,8 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
         "--batch-size-threshold",
         str(4 << 20),
     ]
-    with ServerProcess(root, extra_args=args) as proc:
-        channel, stub = raw_stub(proc.address)
-        client = ChangelogClient(proc.address, timeout_s=20)
-        try:
-            yield Sidecar(proc, client, channel, stub, Bystander(client, job_id="other-job"))
-        finally:
-            client.close()
-            channel.close()
+    with sidecar_with_bystander(root, args) as sidecar:
+        yield sidecar
 
 
 @pytest.fixture(autouse=True)
@@ -100,16 +81,6 @@ def log_id(sidecar: Sidecar) -> Iterator[str]:
         sidecar.stub.CloseWriter(pb.CloseWriterRequest(log_id=resp.log_id), timeout=10)
     except grpc.RpcError as exc:
         assert exc.code() == grpc.StatusCode.NOT_FOUND
-
-
-def error_of(call: Any, request: Any, timeout: float = 20) -> DstlError:
-    try:
-        result = call(request, timeout=timeout)
-        if hasattr(result, "__next__"):
-            list(result)
-    except grpc.RpcError as exc:
-        return to_dstl_error(exc)
-    raise AssertionError(f"{type(request).__name__} was accepted")
 
 
 def group(kg: int, *changes: bytes) -> pb.KeyGroupChanges:
@@ -289,10 +260,7 @@ def test_writers_of_a_dead_client_expire(tmp_path: Path) -> None:
         w = client.create_writer(job_id="j", operator_id="op", key_group_range=(0, 0))
         w.append(0, b"persisted")
         h = w.persist_durably(after=0).result(timeout=30)
-        deadline = time.monotonic() + 15
-        while proc.scrape_metrics()["dstl_writers"] > 0:  # no event to await in another process
-            assert time.monotonic() < deadline, "the idle writer never expired"
-            time.sleep(0.1)
+        poll_until(lambda: proc.scrape_metrics()["dstl_writers"] == 0, "the idle writer expired")
         assert proc.scrape_metrics()["dstl_writers_expired_total"] == 1
         with pytest.raises(LogNotFound, match="expired"):
             w.last_appended_sqn()
@@ -310,10 +278,11 @@ def test_calls_parked_behind_a_missing_call_are_bounded(sidecar: Sidecar, log_id
         )
         for seq in (2, 3)
     ]
-    deadline = time.monotonic() + 10
-    while sidecar.proc.scrape_metrics()["dstl_parked_bytes"] < 12 << 20:  # both parked
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    poll_until(
+        lambda: sidecar.proc.scrape_metrics()["dstl_parked_bytes"] >= 12 << 20,
+        "both calls parked",
+        timeout_s=10,
+    )
     started = time.monotonic()
     err = error_of(
         sidecar.stub.Append,

@@ -12,7 +12,7 @@ import pytest
 from dstl_client import ChangelogClient, ChangelogHandle
 from dstl_client.core.errors import DstlError, LogNotFound, SidecarUnavailable, WriterFailed
 from dstl_server.testing import ServerProcess
-from tests.integration._helpers import object_files, read_all, temp_files
+from tests.integration._helpers import object_files, poll_until, read_all, temp_files
 
 JOB = "job-restart"
 
@@ -53,8 +53,12 @@ def test_kill_9_then_restart_on_same_storage(tmp_path: Path) -> None:
             writers[0].append(1, b"never persisted")
             writers[0].flush()
             pending_job[0].append(0, b"queued, not durable")
+            persists = first.scrape_metrics()["dstl_persist_requests_total"]
             in_flight = pending_job[0].persist_durably(after=0)
-            time.sleep(0.2)
+            poll_until(
+                lambda: first.scrape_metrics()["dstl_persist_requests_total"] > persists,
+                "the persist reached the sidecar",
+            )
             assert not in_flight.done()
 
             first.kill()
@@ -121,10 +125,16 @@ def test_sigterm_with_persists_in_flight(tmp_path: Path) -> None:
             for i, w in enumerate(writers[:writers_n]):
                 for kg in range(4):
                     w.append(kg, f"w{i}-kg{kg}".encode() * 2000)
+            persists = proc.scrape_metrics()["dstl_persist_requests_total"]
             futures: list[Future[ChangelogHandle]] = [
                 w.persist_durably(after=0) for w in writers[:writers_n]
             ]
-            time.sleep(0.3)  # let the persist RPCs reach the sidecar
+            poll_until(
+                lambda: (
+                    proc.scrape_metrics()["dstl_persist_requests_total"] >= persists + writers_n
+                ),
+                "the persist RPCs reached the sidecar",
+            )
             assert not any(f.done() for f in futures), "persists finished before SIGTERM"
             started = time.monotonic()
             assert proc.stop(timeout_s=30) == 0

@@ -26,6 +26,7 @@ from dstl_client.core.errors import Backpressure, DstlError, UploadFailed, Write
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3
 from loadtest.s3fault import FaultProxyProcess
+from tests.integration._helpers import poll_until
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
@@ -169,10 +170,11 @@ def test_acknowledged_persists_survive_faults_and_a_kill(
         w = client.create_writer(job_id="faulty-0", operator_id="victim", key_group_range=KG_RANGE)
         w.append(1, b"never acknowledged")
         future = w.persist_durably(after=0)
-        deadline = time.monotonic() + 10
-        while proxy.stats()["by_op"].get("PutObject", 0) <= st["by_op"]["PutObject"]:
-            assert time.monotonic() < deadline, "the upload never reached the store"
-            time.sleep(0.02)
+        poll_until(
+            lambda: proxy.stats()["by_op"].get("PutObject", 0) > st["by_op"]["PutObject"],
+            "the upload reached the store",
+            timeout_s=10,
+        )
         assert not future.done()
         proc.kill()
         with pytest.raises(DstlError):

@@ -90,6 +90,7 @@ def test_flip158_state_change_lifecycle(tmp_path: Path) -> None:
             verify_object(path.read_bytes())
 
 
+@pytest.mark.asyncio
 async def test_lifecycle_memory_in_process(server: DstlServer) -> None:
     """Truncate frees the writer's memory, keeps objects; close drops unpersisted changes."""
 

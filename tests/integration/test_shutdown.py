@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -12,6 +11,7 @@ from dstl_client.core.errors import ShuttingDown
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3
 from loadtest.s3fault import FaultProxyProcess
+from tests.integration._helpers import poll_until
 
 pytestmark = [pytest.mark.s3]
 
@@ -54,10 +54,11 @@ def test_persists_cut_off_by_shutdown_get_shutting_down_and_exit_3(
         proxy.set_faults({"latency": {"rate": 1.0, "dist": "fixed", "ms": 30_000}})
         w.append(1, b"never durable")
         fut = w.persist_durably(after=0)
-        deadline = time.monotonic() + 20
-        while proxy.stats()["by_op"].get("PutObject", 0) <= puts:  # the upload hangs now
-            assert time.monotonic() < deadline, "the upload never reached the store"
-            time.sleep(0.05)
+        poll_until(  # the upload hangs now
+            lambda: proxy.stats()["by_op"].get("PutObject", 0) > puts,
+            "the upload reached the store",
+            timeout_s=20,
+        )
         code = proc.stop(timeout_s=20)
         with pytest.raises(ShuttingDown, match="grace"):
             fut.result(timeout=20)

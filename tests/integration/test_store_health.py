@@ -14,10 +14,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +31,13 @@ from dstl_client.core.errors import DstlError
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3
 from loadtest.s3fault import FaultProxyProcess
-from tests.integration._helpers import TMP_SUFFIX, object_files, read_all, temp_files
+from tests.integration._helpers import (
+    TMP_SUFFIX,
+    object_files,
+    poll_until,
+    read_all,
+    temp_files,
+)
 
 SERVICE = "dstl.v1.Changelog"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -85,6 +91,10 @@ def log_lines(proc: ServerProcess, skip: int = 0) -> list[str]:
 
 
 # --------------------------------------------------- leftovers of killed writes
+def _has_objects(root: Path, n: int) -> bool:
+    return len(object_files(root)) >= n
+
+
 def _write_until_killed(address: str, job: str, stop: threading.Event) -> None:
     """Persist ~1 MiB checkpoints in a loop until the sidecar dies under it."""
     try:
@@ -113,9 +123,12 @@ def test_restart_removes_temp_files_of_killed_writes(tmp_path: Path) -> None:
                 target=_write_until_killed, args=(proc.address, f"job-{round_}", stop)
             )
             writer.start()
-            deadline = time.monotonic() + 30
-            while len(object_files(root)) < 2 * (round_ + 1) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            poll_until(
+                functools.partial(_has_objects, root, 2 * (round_ + 1)),
+                "the sidecar stored objects",
+                timeout_s=30,
+                interval_s=0.01,
+            )
             # A write cut between its temp file and its rename, as a kill leaves it
             # (a kill during the writes above may leave more of them).
             planted.append(

@@ -17,7 +17,6 @@ Every handle any writer returns holds every change whose ``append`` returned.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from dstl_client.core.errors import Backpressure, DstlError, UploadFailed, Write
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3
 from loadtest.s3fault import FaultProxyProcess
+from tests.integration._helpers import poll_until
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
@@ -104,11 +104,12 @@ def assert_failed_for_good(w: ChangelogWriter, cause: type[DstlError]) -> None:
 
 
 def wait_for_budget(proc: ServerProcess, timeout_s: float = 15.0) -> None:
-    """Until the sidecar holds less than half its budget (no event to wait on: poll)."""
-    deadline = time.monotonic() + timeout_s
-    while proc.scrape_metrics()["dstl_unuploaded_bytes"] >= MiB // 2:
-        assert time.monotonic() < deadline, "the sidecar never released its memory"
-        time.sleep(0.05)
+    """Until the sidecar holds less than half its budget."""
+    poll_until(
+        lambda: proc.scrape_metrics()["dstl_unuploaded_bytes"] < MiB // 2,
+        "the sidecar released its memory",
+        timeout_s=timeout_s,
+    )
 
 
 def fill_budget(client: ChangelogClient, job_id: str) -> ChangelogWriter:

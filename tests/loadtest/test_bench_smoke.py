@@ -33,7 +33,12 @@ def quick_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     tmp = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run(
+    return _quick_bench(tmp), tmp
+
+
+def _quick_bench(tmp: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``loadtest.bench --quick`` working in ``tmp/work``, reporting to ``tmp/reports``."""
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -48,8 +53,8 @@ def quick_run(
         capture_output=True,
         text=True,
         timeout=180,
+        env=env,
     )
-    return proc, tmp
 
 
 def _report(run: tuple[subprocess.CompletedProcess[str], Path]) -> dict[str, Any]:
@@ -112,23 +117,7 @@ def test_targets_and_table(quick_run: tuple[subprocess.CompletedProcess[str], Pa
 
 def test_a_failing_writer_fails_the_run(tmp_path: Path) -> None:
     # The server refuses changes over 100 bytes, the bench writes 128-byte ones.
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadtest.bench",
-            "--quick",
-            "--dir",
-            str(tmp_path / "work"),
-            "--report-dir",
-            str(tmp_path / "reports"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "DSTL_MAX_CHANGE_BYTES": "100"},
-    )
+    proc = _quick_bench(tmp_path, env={**os.environ, "DSTL_MAX_CHANGE_BYTES": "100"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "bench failed" in proc.stderr and "ChangeTooLarge" in proc.stderr
     assert not (tmp_path / "reports").exists()  # no report of a failed run

@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import AsyncIterator
 
 import pytest
+import pytest_asyncio
 
 from dstl_client.core.errors import BlobNotFound, StorageError, TransientStorageError
 from dstl_server.storage.s3 import S3BlobStore
@@ -28,13 +29,13 @@ from tests.s3_fixtures import store_for
 pytestmark = pytest.mark.s3
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def proxy(weed_s3: SeaweedS3) -> AsyncIterator[S3FaultProxy]:
     async with S3FaultProxy(weed_s3.endpoint_url, seed=7) as p:
         yield p
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def store(
     weed_s3: SeaweedS3, proxy: S3FaultProxy, s3_prefix: str
 ) -> AsyncIterator[S3BlobStore]:
@@ -56,6 +57,7 @@ async def keys(store: S3BlobStore) -> list[str]:
 
 
 # ---------------------------------------------------------------- forwarding
+@pytest.mark.asyncio
 async def test_forwards_every_operation_unchanged(
     store: S3BlobStore, direct: S3BlobStore, proxy: S3FaultProxy
 ) -> None:
@@ -77,6 +79,7 @@ async def test_forwards_every_operation_unchanged(
     assert sum(st["faults"].values()) == 0
 
 
+@pytest.mark.asyncio
 async def test_signatures_still_checked_through_the_proxy(
     weed_s3: SeaweedS3, proxy: S3FaultProxy, s3_prefix: str
 ) -> None:
@@ -90,6 +93,7 @@ async def test_signatures_still_checked_through_the_proxy(
 
 
 # -------------------------------------------------------------------- faults
+@pytest.mark.asyncio
 async def test_503_and_500_answers_for_selected_methods(
     store: S3BlobStore, direct: S3BlobStore, proxy: S3FaultProxy
 ) -> None:
@@ -108,6 +112,7 @@ async def test_503_and_500_answers_for_selected_methods(
     assert st["faults_by_op"] == {"PutObject:503": 1, "GetObject:500": 1}
 
 
+@pytest.mark.asyncio
 async def test_connection_reset_before_and_after_forwarding(
     store: S3BlobStore, direct: S3BlobStore, proxy: S3FaultProxy
 ) -> None:
@@ -123,6 +128,7 @@ async def test_connection_reset_before_and_after_forwarding(
     assert proxy.stats.snapshot()["faults"]["reset"] >= 2
 
 
+@pytest.mark.asyncio
 async def test_latency_is_added_to_selected_requests(
     store: S3BlobStore, proxy: S3FaultProxy
 ) -> None:
@@ -144,6 +150,7 @@ async def test_latency_is_added_to_selected_requests(
     assert proxy.stats.snapshot()["faults"]["latency"] == 1
 
 
+@pytest.mark.asyncio
 async def test_fault_rates_are_applied_per_request(store: S3BlobStore, proxy: S3FaultProxy) -> None:
     proxy.set_faults({"error_503_rate": 0.3, "methods": ["PUT"]})
     failures = 0
@@ -185,6 +192,7 @@ def test_process_with_live_fault_changes(weed_s3: SeaweedS3, s3_prefix: str) -> 
         )
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(req, timeout=10)
+        info.value.close()  # the error response holds the connection's socket
         assert info.value.code == 400
         assert proxy.faults()["latency"]["rate"] == 0.5
     assert proxy.proc is not None and proxy.proc.poll() is not None

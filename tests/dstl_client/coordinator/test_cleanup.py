@@ -142,7 +142,8 @@ def test_paging_over_many_pages(sidecar: ServerProcess, objects_dir: Path) -> No
     job = "sweep-pages"
     keys = plant(objects_dir, job, 25)
     sizes = {k: (objects_dir / k).stat().st_size for k in keys}
-    with RecordingClient(sidecar.address) as client:
+    client = RecordingClient(sidecar.address)
+    with client:
         before = sidecar.scrape_metrics().get("dstl_list_requests_total", 0.0)
         listed = list(client.list_objects(job, page_size=4))
         assert [o.key for o in listed] == keys
@@ -166,7 +167,8 @@ def test_discards_go_in_batches(
     job = "sweep-batches"
     keys = plant(objects_dir, job, 11)
     monkeypatch.setattr(cleanup, "DISCARD_BATCH", 4)
-    with RecordingClient(sidecar.address) as client:
+    client = RecordingClient(sidecar.address)
+    with client:
         assert OrphanSweeper(client, job, page_size=5).sweep({keys[0]}, now=LATER) == 10
         assert client.discards == [4, 4, 2]
     assert stored(objects_dir, job) == {keys[0]}

@@ -42,7 +42,8 @@ def call(
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        with exc:  # an error response holds the connection's socket until closed
+            return exc.code, json.loads(exc.read())
 
 
 def test_get_and_patch_with_validation(
@@ -120,7 +121,8 @@ def test_a_longer_timeout_rescues_the_batch_in_flight(
 
     def extend_then_wait() -> None:
         coord.update_config(checkpoint_timeout_ms=30_000)
-        time.sleep(0.8)  # past the old timeout
+        # wall time must pass the old timeout (the watchdog thread reads the real clock)
+        time.sleep(0.8)
 
     record = _slow_batch(coord, client, extend_then_wait)
     assert record.batch_id == 0 and aborted == []
@@ -135,7 +137,7 @@ def test_a_shorter_timeout_aborts_the_batch_in_flight(
     coord.on_timeout = aborted.append
 
     def shrink() -> None:
-        time.sleep(0.3)
+        time.sleep(0.3)  # wall time the batch has run: more than the new timeout
         coord.update_config(checkpoint_timeout_ms=100)  # elapsed > new timeout: abort now
         assert aborted == [0]
 

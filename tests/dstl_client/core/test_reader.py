@@ -103,6 +103,7 @@ def two_entries(store: MemoryObjects) -> tuple[HandleEntry, HandleEntry]:
     return e1, e2
 
 
+@pytest.mark.asyncio
 async def test_reads_everything_in_entry_kg_sqn_order(
     store: MemoryObjects, two_entries: tuple[HandleEntry, HandleEntry]
 ) -> None:
@@ -132,6 +133,7 @@ async def test_reads_everything_in_entry_kg_sqn_order(
         (4, 4, []),
     ],
 )
+@pytest.mark.asyncio
 async def test_sqn_filtering_at_boundaries(
     store: MemoryObjects,
     two_entries: tuple[HandleEntry, HandleEntry],
@@ -143,6 +145,7 @@ async def test_sqn_filtering_at_boundaries(
     assert sorted({sqn for _, sqn, _ in got}) == sqns
 
 
+@pytest.mark.asyncio
 async def test_entries_outside_the_range_are_not_fetched(
     store: MemoryObjects, two_entries: tuple[HandleEntry, HandleEntry]
 ) -> None:
@@ -153,6 +156,7 @@ async def test_entries_outside_the_range_are_not_fetched(
     assert {r[0] for r in store.requests} == {"job/01/a"}
 
 
+@pytest.mark.asyncio
 async def test_key_group_filtering(
     store: MemoryObjects, two_entries: tuple[HandleEntry, HandleEntry]
 ) -> None:
@@ -170,6 +174,7 @@ async def test_key_group_filtering(
 
 
 @pytest.mark.parametrize("kgs", [[16], [0, 100], [2**31]])
+@pytest.mark.asyncio
 async def test_key_group_outside_handle_range(
     store: MemoryObjects, two_entries: tuple[HandleEntry, HandleEntry], kgs: list[int]
 ) -> None:
@@ -178,6 +183,7 @@ async def test_key_group_outside_handle_range(
     assert store.requests == []  # refused before any read
 
 
+@pytest.mark.asyncio
 async def test_section_of_another_log(
     store: MemoryObjects,
     two_entries: tuple[HandleEntry, HandleEntry],
@@ -192,6 +198,7 @@ async def test_section_of_another_log(
         await read_all(store, make_handle([foreign, two_entries[1]], 0, 6), [1])
 
 
+@pytest.mark.asyncio
 async def test_entry_pointing_at_the_wrong_offset(
     store: MemoryObjects, two_entries: tuple[HandleEntry, HandleEntry]
 ) -> None:
@@ -201,6 +208,7 @@ async def test_entry_pointing_at_the_wrong_offset(
         await read_all(store, make_handle([shifted], 0, 3))
 
 
+@pytest.mark.asyncio
 async def test_entry_sqn_range_differs_from_section(
     store: MemoryObjects, two_entries: tuple[HandleEntry, HandleEntry]
 ) -> None:
@@ -211,6 +219,7 @@ async def test_entry_sqn_range_differs_from_section(
 
 
 @pytest.mark.parametrize("key_groups", [None, [1]])
+@pytest.mark.asyncio
 async def test_truncated_fetch(
     store: MemoryObjects,
     two_entries: tuple[HandleEntry, HandleEntry],
@@ -223,6 +232,7 @@ async def test_truncated_fetch(
         await read_all(store, make_handle(two_entries, 0, 6), key_groups)
 
 
+@pytest.mark.asyncio
 async def test_object_shorter_than_the_entry(
     store: MemoryObjects, two_entries: tuple[HandleEntry, HandleEntry]
 ) -> None:
@@ -232,6 +242,7 @@ async def test_object_shorter_than_the_entry(
         await read_all(store, make_handle(two_entries, 0, 6))
 
 
+@pytest.mark.asyncio
 async def test_corrupt_block_is_never_returned(
     store: MemoryObjects, two_entries: tuple[HandleEntry, HandleEntry]
 ) -> None:
@@ -246,12 +257,14 @@ async def test_corrupt_block_is_never_returned(
     assert got == []
 
 
+@pytest.mark.asyncio
 async def test_key_group_outside_the_writers_range_in_the_section(store: MemoryObjects) -> None:
     entry = store.put_section("job/04/d", {0: {1: [b"ok"], 40: [b"bad"]}}, 1)
     with pytest.raises(CorruptObject, match="outside the writer's range"):
         await read_all(store, make_handle([entry], 0, 1))
 
 
+@pytest.mark.asyncio
 async def test_log_header_longer_than_the_section_is_refused(
     store: MemoryObjects, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -271,6 +284,7 @@ async def test_log_header_longer_than_the_section_is_refused(
     assert await read_all(store, make_handle([entry], 0, 1), [1]) == [(1, 0, [b"x"])]
 
 
+@pytest.mark.asyncio
 async def test_forged_key_group_count_is_refused_before_reading_the_header(
     store: MemoryObjects, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -284,6 +298,7 @@ async def test_forged_key_group_count_is_refused_before_reading_the_header(
     assert store.requests == [(entry.object_key, entry.offset, LOG_FIXED_SIZE)]
 
 
+@pytest.mark.asyncio
 async def test_large_section_ranged_path_matches_whole_path(
     store: MemoryObjects, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -310,6 +325,7 @@ async def test_large_section_ranged_path_matches_whole_path(
     assert ranged_bytes < entry.length / 4
 
 
+@pytest.mark.asyncio
 async def test_ranged_requests_are_per_key_group(
     store: MemoryObjects,
     two_entries: tuple[HandleEntry, HandleEntry],
@@ -326,6 +342,7 @@ async def test_ranged_requests_are_per_key_group(
     assert len(store.requests) == 2
 
 
+@pytest.mark.asyncio
 async def test_reading_all_key_groups_reads_whole_sections(
     store: MemoryObjects, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -336,6 +353,7 @@ async def test_reading_all_key_groups_reads_whole_sections(
     assert store.requests == [(entry.object_key, entry.offset, entry.length)]
 
 
+@pytest.mark.asyncio
 async def test_forwarded_section_reads_the_same(store: MemoryObjects) -> None:
     """A section copied into a parent's object at another offset reads unchanged."""
     entry = store.put_section("job/07/g", {0: {3: [b"x", b"y"]}, 1: {4: [b"z"]}}, 2)

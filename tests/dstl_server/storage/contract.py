@@ -4,7 +4,7 @@ A store's test module subclasses :class:`BlobStoreContract` and provides an
 async ``store`` fixture yielding an open store::
 
     class TestMyStore(BlobStoreContract):
-        @pytest.fixture
+        @pytest_asyncio.fixture
         async def store(self) -> AsyncIterator[BlobStore]:
             async with MyStore(...) as s:
                 yield s
@@ -22,6 +22,7 @@ import contextlib
 import os
 import time
 import uuid
+from collections.abc import AsyncGenerator
 
 import pytest
 
@@ -48,12 +49,14 @@ class BlobStoreContract:
         return f"contract-{uuid.uuid4().hex[:16]}/"
 
     # ------------------------------------------------------------ put / get
+    @pytest.mark.asyncio
     async def test_roundtrip_small(self, store: BlobStore, prefix: str) -> None:
         await store.put(prefix + "one", b"x")
         await store.put(prefix + "two", b"hello, blob")
         assert await store.get(prefix + "one") == b"x"
         assert await store.get(prefix + "two") == b"hello, blob"
 
+    @pytest.mark.asyncio
     async def test_roundtrip_large(self, store: BlobStore, prefix: str) -> None:
         data = os.urandom(5 * MiB + 123)
         await store.put(prefix + "big", data)
@@ -63,11 +66,13 @@ class BlobStoreContract:
             await store.get(prefix + "big", 3 * MiB + 7, 1 * MiB) == data[3 * MiB + 7 : 4 * MiB + 7]
         )
 
+    @pytest.mark.asyncio
     async def test_binary_content_is_preserved(self, store: BlobStore, prefix: str) -> None:
         data = bytes(range(256)) * 17
         await store.put(prefix + "bin", data)
         assert await store.get(prefix + "bin") == data
 
+    @pytest.mark.asyncio
     async def test_ranged_get(self, store: BlobStore, prefix: str) -> None:
         data = bytes(range(200))
         key = prefix + "ranged"
@@ -80,6 +85,7 @@ class BlobStoreContract:
         assert await store.get(key, 0, None) == data
         assert await store.get(key, 0, 200) == data
 
+    @pytest.mark.asyncio
     async def test_ranged_get_past_the_end(self, store: BlobStore, prefix: str) -> None:
         data = b"0123456789"
         key = prefix + "short"
@@ -90,6 +96,7 @@ class BlobStoreContract:
         assert await store.get(key, 10, 5) == b""
         assert await store.get(key, 50, 5) == b""
 
+    @pytest.mark.asyncio
     async def test_huge_ranges_cost_only_what_exists(self, store: BlobStore, prefix: str) -> None:
         """A caller's huge length never sizes an allocation: the answer is what exists."""
         key = prefix + "tiny"
@@ -98,6 +105,15 @@ class BlobStoreContract:
         assert await store.get(key, 0, 1 << 34) == b"abc"
         assert await store.get(key, 1 << 40, 1 << 34) == b""
 
+    @pytest.mark.asyncio
+    async def test_negative_ranges_are_invalid(self, store: BlobStore, prefix: str) -> None:
+        """A negative offset or length is the caller's error, never a retryable one."""
+        await store.put(prefix + "k", b"data")
+        for offset, length in ((-1, None), (-1, 2), (0, -1)):
+            with pytest.raises(InvalidArgument):
+                await store.get(prefix + "k", offset, length)
+
+    @pytest.mark.asyncio
     async def test_get_missing_key(self, store: BlobStore, prefix: str) -> None:
         with pytest.raises(BlobNotFound):
             await store.get(prefix + "missing")
@@ -105,6 +121,7 @@ class BlobStoreContract:
             await store.get(prefix + "missing", 10, 10)
         assert not BlobNotFound("x").retryable
 
+    @pytest.mark.asyncio
     async def test_nested_keys(self, store: BlobStore, prefix: str) -> None:
         key = prefix + "a/b/c/d.dstl"
         await store.put(key, b"deep")
@@ -117,6 +134,7 @@ class BlobStoreContract:
         assert n in ((0,) if self.delete_counts_existing else (0, 2))
         assert await store.get(key) == b"deep"
 
+    @pytest.mark.asyncio
     async def test_overwrite_replaces(self, store: BlobStore, prefix: str) -> None:
         key = prefix + "k"
         await store.put(key, b"first version, longer")
@@ -124,6 +142,7 @@ class BlobStoreContract:
         assert await store.get(key) == b"second"
         assert [(i.key, i.size) for i in await _listed(store, prefix)] == [(key, 6)]
 
+    @pytest.mark.asyncio
     async def test_overwrite_is_atomic_for_readers(self, store: BlobStore, prefix: str) -> None:
         """Concurrent readers see one whole version, never a mix or a prefix."""
         key = prefix + "k"
@@ -146,6 +165,7 @@ class BlobStoreContract:
         assert await store.get(key) == v1
 
     # --------------------------------------------------------------- delete
+    @pytest.mark.asyncio
     async def test_delete(self, store: BlobStore, prefix: str) -> None:
         keys = [prefix + n for n in ("a", "b", "c")]
         for k in keys:
@@ -161,6 +181,7 @@ class BlobStoreContract:
         assert await store.get(keys[2]) == b"data"
         assert [i.key for i in await _listed(store, prefix)] == [keys[2]]
 
+    @pytest.mark.asyncio
     async def test_delete_missing_is_not_an_error(self, store: BlobStore, prefix: str) -> None:
         n = await store.delete([prefix + "nothing", prefix + "here/either"])
         if self.delete_counts_existing:
@@ -169,6 +190,7 @@ class BlobStoreContract:
             assert n in (0, 2)
         assert await store.delete([]) == 0
 
+    @pytest.mark.asyncio
     async def test_delete_twice(self, store: BlobStore, prefix: str) -> None:
         await store.put(prefix + "k", b"v")
         assert await store.delete([prefix + "k"]) == 1
@@ -176,6 +198,7 @@ class BlobStoreContract:
         assert second in ((0,) if self.delete_counts_existing else (0, 1))
 
     # ----------------------------------------------------------------- list
+    @pytest.mark.asyncio
     async def test_list_by_prefix(self, store: BlobStore, prefix: str) -> None:
         sizes = {"c": 3, "a": 1, "b/x": 5, "b/y": 2, "ab": 4, "b2": 7}
         for name, size in sizes.items():
@@ -185,6 +208,7 @@ class BlobStoreContract:
         # keys come in key order
         assert [i.key for i in listed] == sorted(i.key for i in listed)
 
+    @pytest.mark.asyncio
     async def test_list_nested_and_partial_prefixes(self, store: BlobStore, prefix: str) -> None:
         for name in ("job/00/k1", "job/00/k2", "job/01/k3", "job2/00/k4", "jo"):
             await store.put(prefix + name, name.encode())
@@ -205,12 +229,14 @@ class BlobStoreContract:
         keys = [i.key for i in await _listed(store, prefix + "job/01/k3")]
         assert keys == [prefix + "job/01/k3"]
 
+    @pytest.mark.asyncio
     async def test_list_unknown_prefix_is_empty(self, store: BlobStore, prefix: str) -> None:
         await store.put(prefix + "present", b"1")
         assert await _listed(store, prefix + "absent/") == []
         assert await _listed(store, prefix + "absent") == []
         assert await _listed(store, prefix + "presentX") == []
 
+    @pytest.mark.asyncio
     async def test_list_does_not_cross_prefixes(self, store: BlobStore, prefix: str) -> None:
         other = f"contract-{uuid.uuid4().hex[:16]}/"
         await store.put(prefix + "mine", b"1")
@@ -221,6 +247,7 @@ class BlobStoreContract:
         finally:
             await store.delete([other + "theirs"])
 
+    @pytest.mark.asyncio
     async def test_list_reports_modification_time(self, store: BlobStore, prefix: str) -> None:
         """``modified`` is unix seconds of the write (S3 rounds it down to the second)."""
         before = time.time()
@@ -239,6 +266,7 @@ class BlobStoreContract:
         a2, b2 = await _listed(store, prefix)
         assert a2.modified >= b2.modified == b.modified
 
+    @pytest.mark.asyncio
     async def test_list_start_after(self, store: BlobStore, prefix: str) -> None:
         names = ["a", "ab", "b/x", "b/y", "b2", "c", "job/00/k1", "job/00/k2", "job/01/k3", "jo"]
         for i, name in enumerate(names):
@@ -274,6 +302,7 @@ class BlobStoreContract:
         ]
         assert [i async for i in store.list(prefix + "b/", start_after=prefix + "c")] == []
 
+    @pytest.mark.asyncio
     async def test_list_pages_with_start_after(self, store: BlobStore, prefix: str) -> None:
         """Paging by the last key seen lists every object once, also while deleting."""
         keys = sorted(f"{prefix}{i % 5:02x}/obj-{i:03d}" for i in range(23))
@@ -282,7 +311,10 @@ class BlobStoreContract:
         last = ""
         while True:
             page = []
-            async with contextlib.aclosing(store.list(prefix, start_after=last)) as listing:
+            listing = store.list(prefix, start_after=last)
+            # callers that stop early close the listing (the service does): it is a generator
+            assert isinstance(listing, AsyncGenerator)
+            async with contextlib.aclosing(listing):
                 async for info in listing:
                     page.append(info.key)
                     if len(page) == 4:
@@ -303,6 +335,7 @@ class BlobStoreContract:
         "bad",
         ["", "/abs", "a//b", "a/./b", "a/../b", "..", "trailing/", "back\\slash", "nul\x00"],
     )
+    @pytest.mark.asyncio
     async def test_invalid_keys_rejected(self, store: BlobStore, prefix: str, bad: str) -> None:
         key = bad if bad in ("", "/abs", "..") else prefix + bad
         with pytest.raises(InvalidArgument):
@@ -313,6 +346,7 @@ class BlobStoreContract:
             await store.delete([key])
 
     # --------------------------------------------------------- housekeeping
+    @pytest.mark.asyncio
     async def test_probe_answers_and_leaves_no_object(self, store: BlobStore, prefix: str) -> None:
         await store.put(prefix + "k", b"v")
         before = await _listed(store, "")
@@ -322,6 +356,7 @@ class BlobStoreContract:
         assert await _listed(store, "") == before
         assert await store.get(prefix + "k") == b"v"
 
+    @pytest.mark.asyncio
     async def test_sweep_leftovers_never_touches_objects(
         self, store: BlobStore, prefix: str
     ) -> None:
@@ -335,6 +370,7 @@ class BlobStoreContract:
         for k in keys:
             assert await store.get(k) == b"kept " + k.encode()
 
+    @pytest.mark.asyncio
     async def test_sweep_leftovers_during_puts(self, store: BlobStore, prefix: str) -> None:
         """A sweep with an age bound never breaks a write in progress."""
         payloads = {f"{prefix}{i % 3}/obj-{i:02d}": os.urandom(50_000 + i) for i in range(24)}
@@ -348,6 +384,7 @@ class BlobStoreContract:
         assert [i.key for i in await _listed(store, prefix)] == sorted(payloads)
 
     # ---------------------------------------------------------- concurrency
+    @pytest.mark.asyncio
     async def test_concurrent_puts(self, store: BlobStore, prefix: str) -> None:
         payloads = {f"{prefix}{i % 4:02x}/obj-{i:03d}": os.urandom(100 + i * 37) for i in range(64)}
         await asyncio.gather(*(store.put(k, v) for k, v in payloads.items()))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from dstl_client.core.errors import BlobNotFound, ConfigError, StorageError
 from dstl_server.settings import ServerSettings
@@ -28,7 +29,7 @@ def _files(root: Path) -> list[str]:
 
 
 class TestLocalBlobStore(BlobStoreContract):
-    @pytest.fixture
+    @pytest_asyncio.fixture
     async def store(self, tmp_path: Path) -> AsyncIterator[BlobStore]:
         async with LocalBlobStore(tmp_path / "objects", fsync=False) as s:
             yield s
@@ -37,12 +38,13 @@ class TestLocalBlobStore(BlobStoreContract):
 class TestLocalBlobStoreFsync(BlobStoreContract):
     """The same contract with fsync on (the production setting)."""
 
-    @pytest.fixture
+    @pytest_asyncio.fixture
     async def store(self, tmp_path: Path) -> AsyncIterator[BlobStore]:
         async with LocalBlobStore(tmp_path / "objects", fsync=True) as s:
             yield s
 
 
+@pytest.mark.asyncio
 async def test_objects_are_plain_files_under_root(tmp_path: Path) -> None:
     store = LocalBlobStore(tmp_path / "root")
     await store.put("job/ab/obj.dstl", b"payload")
@@ -50,6 +52,7 @@ async def test_objects_are_plain_files_under_root(tmp_path: Path) -> None:
     assert store.url == f"file://{(tmp_path / 'root').resolve()}"
 
 
+@pytest.mark.asyncio
 async def test_no_temp_files_left_after_puts(tmp_path: Path) -> None:
     root = tmp_path / "root"
     store = LocalBlobStore(root)
@@ -60,6 +63,7 @@ async def test_no_temp_files_left_after_puts(tmp_path: Path) -> None:
     assert len(_files(root)) == 10
 
 
+@pytest.mark.asyncio
 async def test_leftover_temp_file_is_not_listed(tmp_path: Path) -> None:
     """A crash between create and rename leaves a temp file: it is never an object."""
     root = tmp_path / "root"
@@ -76,6 +80,7 @@ async def test_leftover_temp_file_is_not_listed(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("fsync", [True, False])
+@pytest.mark.asyncio
 async def test_fsync_of_file_and_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool
 ) -> None:
@@ -93,6 +98,7 @@ async def test_fsync_of_file_and_directory(
     assert synced == (["file", "dir"] if fsync else [])
 
 
+@pytest.mark.asyncio
 async def test_failed_write_leaves_no_temp_and_is_typed(tmp_path: Path) -> None:
     root = tmp_path / "root"
     store = LocalBlobStore(root)
@@ -134,6 +140,7 @@ def _temp_files(root: Path) -> list[str]:
     return [f for f in _files(root) if f.endswith(TMP_SUFFIX)]
 
 
+@pytest.mark.asyncio
 async def test_sweep_at_age_zero_removes_every_leftover(tmp_path: Path) -> None:
     root = tmp_path / "root"
     store = LocalBlobStore(root, fsync=False)
@@ -155,6 +162,7 @@ async def test_sweep_at_age_zero_removes_every_leftover(tmp_path: Path) -> None:
     assert await store.sweep_leftovers(0.0) == 0
 
 
+@pytest.mark.asyncio
 async def test_sweep_keeps_temp_files_younger_than_the_age(tmp_path: Path) -> None:
     """A write in progress (a fresh temp file) is never touched by the periodic sweep."""
     root = tmp_path / "root"
@@ -165,12 +173,14 @@ async def test_sweep_keeps_temp_files_younger_than_the_age(tmp_path: Path) -> No
     assert not old.exists() and fresh.exists()
 
 
+@pytest.mark.asyncio
 async def test_sweep_of_a_missing_root_is_empty(tmp_path: Path) -> None:
     store = LocalBlobStore(tmp_path / "root", fsync=False)
     (tmp_path / "root").rmdir()
     assert await store.sweep_leftovers(0.0) == 0
 
 
+@pytest.mark.asyncio
 async def test_sweep_does_not_follow_symlinks_out_of_the_root(tmp_path: Path) -> None:
     root = tmp_path / "root"
     outside = tmp_path / "outside"
@@ -189,7 +199,7 @@ from dstl_server.storage.local import LocalBlobStore
 
 def stuck_replace(src, dst):
     print("WRITTEN", flush=True)
-    time.sleep(600)
+    time.sleep(600)  # stuck until the test kills this process
 
 os.replace = stuck_replace
 asyncio.run(LocalBlobStore(sys.argv[1], fsync=False).put("job/00/obj.dstl", os.urandom(1 << 20)))
@@ -225,6 +235,7 @@ def test_write_of_a_killed_process_is_swept_by_the_next_one(tmp_path: Path) -> N
 
 
 # ------------------------------------------------------------------- probe
+@pytest.mark.asyncio
 async def test_probe_writes_and_removes_a_temp_named_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -247,6 +258,7 @@ async def test_probe_writes_and_removes_a_temp_named_file(
     assert _files(root) == []
 
 
+@pytest.mark.asyncio
 async def test_probe_recreates_a_missing_root(tmp_path: Path) -> None:
     root = tmp_path / "root"
     store = LocalBlobStore(root, fsync=False)
@@ -256,6 +268,7 @@ async def test_probe_recreates_a_missing_root(tmp_path: Path) -> None:
     await store.put("k", b"v")
 
 
+@pytest.mark.asyncio
 async def test_probe_fails_when_the_root_is_a_file(tmp_path: Path) -> None:
     root = tmp_path / "root"
     store = LocalBlobStore(root, fsync=False)
@@ -267,6 +280,7 @@ async def test_probe_fails_when_the_root_is_a_file(tmp_path: Path) -> None:
     assert str(root) in info.value.message
 
 
+@pytest.mark.asyncio
 async def test_probe_fails_when_the_root_cannot_be_created(tmp_path: Path) -> None:
     (tmp_path / "blocker").write_bytes(b"a file where a directory should be")
     store = LocalBlobStore(tmp_path / "ok", fsync=False)
@@ -276,6 +290,7 @@ async def test_probe_fails_when_the_root_cannot_be_created(tmp_path: Path) -> No
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+@pytest.mark.asyncio
 async def test_probe_fails_when_the_root_is_read_only(tmp_path: Path) -> None:
     root = tmp_path / "root"
     store = LocalBlobStore(root, fsync=False)
@@ -288,6 +303,7 @@ async def test_probe_fails_when_the_root_is_read_only(tmp_path: Path) -> None:
     await store.probe()
 
 
+@pytest.mark.asyncio
 async def test_probe_fails_when_writes_fail(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

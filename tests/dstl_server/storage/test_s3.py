@@ -9,6 +9,7 @@ persisting through S3.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from botocore.exceptions import (
     ClientError,
     ConnectionClosedError,
@@ -50,7 +52,7 @@ pytestmark = pytest.mark.s3
 class TestS3BlobStoreHttp(BlobStoreContract):
     delete_counts_existing = False  # DeleteObjects does not say which keys existed
 
-    @pytest.fixture
+    @pytest_asyncio.fixture
     async def store(self, s3_store: S3BlobStore) -> AsyncIterator[BlobStore]:
         yield s3_store
 
@@ -58,7 +60,7 @@ class TestS3BlobStoreHttp(BlobStoreContract):
 class TestS3BlobStoreTls(BlobStoreContract):
     delete_counts_existing = False
 
-    @pytest.fixture
+    @pytest_asyncio.fixture
     async def store(self, s3_tls_store: S3BlobStore) -> AsyncIterator[BlobStore]:
         yield s3_tls_store
 
@@ -68,6 +70,7 @@ async def _listed(store: BlobStore, prefix: str = "") -> list[BlobInfo]:
 
 
 # ------------------------------------------------------------------ layout
+@pytest.mark.asyncio
 async def test_keys_live_under_the_prefix(weed_s3: SeaweedS3, s3_store: S3BlobStore) -> None:
     await s3_store.put("job/ab/obj.dstl", b"payload")
     client = weed_s3.boto3_client()
@@ -86,6 +89,7 @@ async def test_keys_live_under_the_prefix(weed_s3: SeaweedS3, s3_store: S3BlobSt
 
 
 @pytest.mark.parametrize("mode", ["http", "tls"])
+@pytest.mark.asyncio
 async def test_put_sends_crc32_as_header_or_aws_chunked_trailer(
     request: pytest.FixtureRequest, s3_prefix: str, mode: str
 ) -> None:
@@ -101,7 +105,8 @@ async def test_put_sends_crc32_as_header_or_aws_chunked_trailer(
             }
         )
 
-    async with store_for(s3, s3_prefix) as store:
+    store = store_for(s3, s3_prefix)
+    async with store:
         await store.put("warm-up", b"x")  # the client exists from here on
         store._client.meta.events.register("before-send.s3.PutObject", capture)
         data = os.urandom(3000)
@@ -118,6 +123,7 @@ async def test_put_sends_crc32_as_header_or_aws_chunked_trailer(
         assert headers["x-amz-decoded-content-length"] == "3000"
 
 
+@pytest.mark.asyncio
 async def test_store_without_prefix_uses_bare_keys(weed_s3: SeaweedS3, s3_prefix: str) -> None:
     async with store_for(weed_s3, "") as store:
         key = f"{s3_prefix}/00/k.dstl"
@@ -128,6 +134,7 @@ async def test_store_without_prefix_uses_bare_keys(weed_s3: SeaweedS3, s3_prefix
         await store.delete([key])
 
 
+@pytest.mark.asyncio
 async def test_listing_pages_through_many_objects(weed_s3: SeaweedS3, s3_prefix: str) -> None:
     async with store_for(weed_s3, s3_prefix, list_page_size=7) as store:
         keys = [f"job/{i % 3:02x}/obj-{i:03d}" for i in range(40)]
@@ -140,6 +147,7 @@ async def test_listing_pages_through_many_objects(weed_s3: SeaweedS3, s3_prefix:
         assert [i.key for i in await _listed(store, "job/01/")] == sorted(keys[1::3])
 
 
+@pytest.mark.asyncio
 async def test_start_after_pages_under_the_store_prefix(weed_s3: SeaweedS3, s3_prefix: str) -> None:
     """``start_after`` is a key of the store (its prefix added), across S3 pages."""
     async with store_for(weed_s3, s3_prefix, list_page_size=3) as store:
@@ -167,6 +175,7 @@ async def test_start_after_pages_under_the_store_prefix(weed_s3: SeaweedS3, s3_p
                 await bare.delete(others)
 
 
+@pytest.mark.asyncio
 async def test_delete_batches_past_the_request_limit(s3_store: S3BlobStore) -> None:
     """More keys than one DeleteObjects request takes; missing keys are fine."""
     real = [f"job/{i:02x}/real-{i}" for i in range(3)]
@@ -180,6 +189,7 @@ async def test_delete_batches_past_the_request_limit(s3_store: S3BlobStore) -> N
     assert [(i.key, i.size) for i in await _listed(s3_store)] == [("job/keep", 4)]
 
 
+@pytest.mark.asyncio
 async def test_ranged_get_of_the_last_bytes_and_an_empty_range(s3_store: S3BlobStore) -> None:
     data = os.urandom(4096)
     await s3_store.put("k", data)
@@ -192,6 +202,7 @@ async def test_ranged_get_of_the_last_bytes_and_an_empty_range(s3_store: S3BlobS
 
 
 # ----------------------------------------------------------- error mapping
+@pytest.mark.asyncio
 async def test_wrong_secret_is_not_retryable(weed_s3: SeaweedS3, s3_prefix: str) -> None:
     async with store_for(weed_s3, s3_prefix, aws_secret_access_key="not-the-secret") as store:
         with pytest.raises(StorageError) as info:
@@ -201,6 +212,7 @@ async def test_wrong_secret_is_not_retryable(weed_s3: SeaweedS3, s3_prefix: str)
     assert "SignatureDoesNotMatch" in info.value.message
 
 
+@pytest.mark.asyncio
 async def test_unknown_access_key_is_not_retryable(weed_s3: SeaweedS3, s3_prefix: str) -> None:
     async with store_for(weed_s3, s3_prefix, aws_access_key_id="AKIDNOBODY") as store:
         with pytest.raises(StorageError) as info:
@@ -208,6 +220,7 @@ async def test_unknown_access_key_is_not_retryable(weed_s3: SeaweedS3, s3_prefix
     assert type(info.value) is StorageError and not info.value.retryable
 
 
+@pytest.mark.asyncio
 async def test_missing_bucket_is_not_retryable(weed_s3: SeaweedS3) -> None:
     store = S3BlobStore(
         f"no-such-{uuid.uuid4().hex[:8]}",
@@ -224,6 +237,7 @@ async def test_missing_bucket_is_not_retryable(weed_s3: SeaweedS3) -> None:
             assert "NoSuchBucket" in info.value.message
 
 
+@pytest.mark.asyncio
 async def test_untrusted_certificate_is_not_retryable(
     weed_s3_tls: SeaweedS3, s3_prefix: str
 ) -> None:
@@ -238,6 +252,7 @@ async def test_untrusted_certificate_is_not_retryable(
         await store.delete(["k"])
 
 
+@pytest.mark.asyncio
 async def test_stopped_server_is_transient_and_recovers_nothing_left(tmp_path: Path) -> None:
     """Kill the server under an open store: calls fail retryably; the helper cleans up."""
     require_weed()
@@ -266,12 +281,29 @@ async def test_stopped_server_is_transient_and_recovers_nothing_left(tmp_path: P
 
 
 # ------------------------------------------------------------------- probe
+@contextlib.asynccontextmanager
+async def _local_store(port: int, **kwargs: Any) -> AsyncIterator[S3BlobStore]:
+    """A store whose endpoint is ``port`` on loopback (nothing there, or a fake server)."""
+    store = S3BlobStore(
+        "bucket",
+        "p",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+        region="us-east-1",
+        **kwargs,
+    )
+    async with store:
+        yield store
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.asyncio
 async def test_probe_answers_on_an_empty_prefix_and_a_bare_bucket(
     weed_s3: SeaweedS3, s3_prefix: str
 ) -> None:
@@ -281,6 +313,7 @@ async def test_probe_answers_on_an_empty_prefix_and_a_bare_bucket(
             assert await store.sweep_leftovers(0.0) == 0
 
 
+@pytest.mark.asyncio
 async def test_probe_of_a_missing_bucket_is_not_retryable(weed_s3: SeaweedS3) -> None:
     store = store_for(weed_s3, "p")
     store.bucket = f"no-such-{uuid.uuid4().hex[:8]}"
@@ -291,6 +324,7 @@ async def test_probe_of_a_missing_bucket_is_not_retryable(weed_s3: SeaweedS3) ->
     assert "NoSuchBucket" in info.value.message and store.bucket in info.value.message
 
 
+@pytest.mark.asyncio
 async def test_probe_with_a_wrong_secret_fails(weed_s3: SeaweedS3, s3_prefix: str) -> None:
     async with store_for(weed_s3, s3_prefix, aws_secret_access_key="not-the-secret") as store:
         with pytest.raises(StorageError) as info:
@@ -298,44 +332,39 @@ async def test_probe_with_a_wrong_secret_fails(weed_s3: SeaweedS3, s3_prefix: st
     assert "SignatureDoesNotMatch" in info.value.message
 
 
+@pytest.mark.asyncio
 async def test_probe_where_nothing_listens_is_transient() -> None:
     port = _free_port()
-    store = S3BlobStore(
-        "bucket",
-        "p",
-        endpoint_url=f"http://127.0.0.1:{port}",
-        aws_access_key_id="k",
-        aws_secret_access_key="s",
-        region="us-east-1",
-    )
-    async with store:
+    async with _local_store(port) as store:
         with pytest.raises(TransientStorageError) as info:
             await store.probe()
     assert f"127.0.0.1:{port}" in info.value.message
 
 
+@pytest.mark.asyncio
 async def test_probe_of_a_silent_endpoint_times_out() -> None:
     """A server that accepts and never answers: the probe gives up after its own timeout,
     well before the (long) read timeout of uploads."""
 
+    handlers: list[asyncio.Task[Any]] = []
+    writers: list[asyncio.StreamWriter] = []
+
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()  # until the client gives up
-        writer.close()
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.append(task)
+        writers.append(writer)
+        try:
+            await reader.read()  # until the connection closes
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        store = S3BlobStore(
-            "bucket",
-            "p",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            aws_access_key_id="k",
-            aws_secret_access_key="s",
-            region="us-east-1",
-            read_timeout_s=60.0,
-            probe_timeout_s=0.3,
-        )
-        async with store:
+        async with _local_store(port, read_timeout_s=60.0, probe_timeout_s=0.3) as store:
             started = time.monotonic()
             with pytest.raises(TransientStorageError, match="timed out"):
                 await store.probe()
@@ -343,6 +372,10 @@ async def test_probe_of_a_silent_endpoint_times_out() -> None:
     finally:
         server.close()
         await server.wait_closed()
+        # every connection's handler ends (and closes its socket) before the loop does
+        for writer in writers:
+            writer.close()
+        await asyncio.wait_for(asyncio.gather(*handlers), 10)
 
 
 def test_probe_timeout_comes_from_the_settings() -> None:
@@ -423,6 +456,7 @@ def test_from_url_reads_the_s3_settings(tmp_path: Path) -> None:
             S3BlobStore.from_url(bad, settings)
 
 
+@pytest.mark.asyncio
 async def test_closed_store_refuses_calls(s3_store: S3BlobStore) -> None:
     await s3_store.put("k", b"v")
     await s3_store.close()
