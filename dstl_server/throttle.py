@@ -33,7 +33,9 @@ class MemoryBudget:
         self.used = 0
         self._on_pressure = on_pressure
         self._on_change = on_change
-        self._cond = asyncio.Condition()
+        #: set while ``used < limit``: waiters wake when room frees up
+        self._room = asyncio.Event()
+        self._room.set()
 
     @property
     def over(self) -> bool:
@@ -45,11 +47,12 @@ class MemoryBudget:
         if self.used >= self.limit:
             waited = True
             self._on_pressure()
-            async with self._cond:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.timeout_s
+            while self.used >= self.limit:
+                self._room.clear()
                 try:
-                    await asyncio.wait_for(
-                        self._cond.wait_for(lambda: self.used < self.limit), self.timeout_s
-                    )
+                    await asyncio.wait_for(self._room.wait(), deadline - loop.time())
                 except TimeoutError:
                     raise Backpressure(
                         f"{self.used} bytes wait for upload (limit {self.limit}) for "
@@ -63,11 +66,7 @@ class MemoryBudget:
             return
         self._add(-nbytes)
         if self.used < self.limit:
-            asyncio.get_running_loop().create_task(self._notify())
-
-    async def _notify(self) -> None:
-        async with self._cond:
-            self._cond.notify_all()
+            self._room.set()  # no task per release: waiters (if any) wake on the event
 
     def _add(self, nbytes: int) -> None:
         self.used += nbytes
