@@ -20,7 +20,13 @@ from google.protobuf.message import DecodeError
 
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
-from dstl_client.core.errors import DstlError, InvalidArgument, PermissionDenied, ShuttingDown
+from dstl_client.core.errors import (
+    DstlError,
+    InvalidArgument,
+    PermissionDenied,
+    ShuttingDown,
+    SqnOutOfRange,
+)
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.core.keys import check_job_id, check_key_of_job, job_prefix
 from dstl_client.core.reader import HandleReader
@@ -35,6 +41,7 @@ log = logging.getLogger(__name__)
 ERROR_KIND_KEY = "dstl-error-kind"
 _MAX_DISCARD = 10_000
 _MAX_LIST_PAGE = 1000  # keys a ListObjects call examines at most (page_size 0 or more)
+_LIST_ENTRY_OVERHEAD = 8  # tag and length of one repeated ObjectInfo
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -102,6 +109,10 @@ def _unary(
     return wrapper
 
 
+#: room left in a ReadChanges message for everything but sizes and payload
+RESPONSE_MARGIN_BYTES = 32 << 10
+
+
 class ChangelogService(pb_grpc.ChangelogServicer):
     """gRPC adapter over one :class:`LogRegistry` and its blob store.
 
@@ -128,6 +139,9 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         self.epoch = epoch
         self.auth = auth
         self.reader = HandleReader(self._fetch)
+        #: sizes + payload per ReadChanges message; the rest of the message limit
+        #: is left for the header fields (settings keep 64 KiB free)
+        self._max_response_bytes = registry.settings.max_request_bytes - RESPONSE_MARGIN_BYTES
         self._accepting = True
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -224,7 +238,16 @@ class ChangelogService(pb_grpc.ChangelogServicer):
             session=request.session,
             seq=request.seq,
         )
-        return pb.PersistResponse(handle=handle.to_proto())
+        response = pb.PersistResponse(handle=handle.to_proto())
+        if response.ByteSize() > self._max_response_bytes:
+            # durable, but the handle cannot travel: say why instead of a bare
+            # RESOURCE_EXHAUSTED from the transport
+            raise SqnOutOfRange(
+                f"the handle from SQN {request.after} spans {len(handle.entries)} sections, "
+                f"{response.ByteSize()} bytes encoded, more than a message may carry "
+                f"({self._max_response_bytes}); truncate the log or persist from a later SQN"
+            )
+        return response
 
     @_unary
     async def Truncate(
@@ -262,14 +285,17 @@ class ChangelogService(pb_grpc.ChangelogServicer):
             for key in handle.object_keys:
                 check_key_of_job(handle.job_id, key)
             key_groups = list(request.key_groups) or None
-            async for view in self.reader.read(handle, key_groups):
-                yield pb.ReadChangesResponse(
-                    key_group=view.key_group,
-                    sqn=view.sqn,
-                    count=view.count,
-                    sizes=view.sizes,
-                    payload=view.payload,
-                )
+            async for changeset in self.reader.read(handle, key_groups):
+                # One changeset may outgrow a message (every append between two
+                # persists): send it in pieces that fit.
+                for view in changeset.split(self._max_response_bytes):
+                    yield pb.ReadChangesResponse(
+                        key_group=view.key_group,
+                        sqn=view.sqn,
+                        count=view.count,
+                        sizes=view.sizes,
+                        payload=view.payload,
+                    )
         except Exception as exc:
             await _abort(context, exc, self.metrics)
         finally:
@@ -300,9 +326,10 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         the admin token any. Only keys under the job's prefix that have the
         layout of the job's objects are returned (temp files of writes in
         progress and anything else there are skipped). A call examines at
-        most ``page_size`` keys (0 or more than 1000: 1000), so a page may
-        hold fewer objects than that while more follow; the page token is
-        the last key examined, and the store lists from after it.
+        most ``page_size`` keys (0 or more than 1000: 1000) and ends before
+        it outgrows a message, so a page may hold fewer objects than that
+        while more follow; the page token is the last key it covered, and the
+        store lists from after it.
         """
         job_id = check_job_id(request.job_id)
         check_job(self._principal(context), job_id)
@@ -321,33 +348,37 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         page_size = min(request.page_size or _MAX_LIST_PAGE, _MAX_LIST_PAGE)
         objects: list[pb.ObjectInfo] = []
         examined = 0
+        encoded = 0  # bytes of the objects so far: a page also ends before outgrowing a message
+        full = False
         last = ""
         listing = self.store.list(prefix, start_after=token)
         try:
             async for info in listing:
                 examined += 1
-                last = info.key
                 try:
                     check_key_of_job(job_id, info.key)
                 except PermissionDenied:
                     pass  # not an object the sidecar wrote for the job: never listed
                 else:
-                    objects.append(
-                        pb.ObjectInfo(
-                            object_key=info.key,
-                            size=info.size,
-                            modified_unix_ms=max(0, int(info.modified * 1000)),
-                        )
+                    obj = pb.ObjectInfo(
+                        object_key=info.key,
+                        size=info.size,
+                        modified_unix_ms=max(0, int(info.modified * 1000)),
                     )
+                    encoded += obj.ByteSize() + _LIST_ENTRY_OVERHEAD
+                    if encoded > self._max_response_bytes and objects:
+                        full = True  # listed again from the previous key on the next page
+                        break
+                    objects.append(obj)
+                last = info.key
                 if examined >= page_size:
+                    full = True
                     break
         finally:
             aclose = getattr(listing, "aclose", None)
             if aclose is not None:
                 await aclose()
-        return pb.ListObjectsResponse(
-            objects=objects, next_page_token=last if examined >= page_size else ""
-        )
+        return pb.ListObjectsResponse(objects=objects, next_page_token=last if full else "")
 
     @_unary
     async def Forward(

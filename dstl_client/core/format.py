@@ -300,6 +300,43 @@ class ChangesetView:
     def changes(self) -> list[bytes]:
         return split_changes(self.count, self.sizes, self.payload)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of sizes and payload: what a message carrying it costs beyond its header."""
+        return len(self.sizes) + len(self.payload)
+
+    def split(self, max_bytes: int) -> Iterator[ChangesetView]:
+        """This changeset as consecutive views of at most ``max_bytes`` each (sizes + payload).
+
+        A changeset gathers every append of one key group between two persists,
+        so it can outgrow one gRPC message; the pieces keep the SQN and the
+        change order, and readers treat them as one changeset. A single change
+        larger than ``max_bytes`` still gets a view of its own (the sidecar's
+        settings keep ``max_change_bytes`` well below the message limit).
+        """
+        if self.nbytes <= max_bytes:
+            yield self
+            return
+        sizes = struct.unpack(f"<{self.count}I", self.sizes)
+        start = 0
+        pos = 0
+        while start < self.count:
+            end = start
+            used = 0
+            while end < self.count and (end == start or used + 4 + sizes[end] <= max_bytes):
+                used += 4 + sizes[end]
+                end += 1
+            length = used - 4 * (end - start)
+            yield ChangesetView(
+                self.key_group,
+                self.sqn,
+                end - start,
+                self.sizes[4 * start : 4 * end],
+                self.payload[pos : pos + length],
+            )
+            pos += length
+            start = end
+
 
 def parse_kg_block(key_group: int, block: bytes | memoryview) -> Iterator[ChangesetView]:
     """Verify a key-group block and yield its changesets in SQN order."""

@@ -295,3 +295,30 @@ def test_bad_job_ids_are_invalid_arguments(backend: Backend) -> None:
         assert status_of(functools.partial(list_page, backend, job, as_job=None)) == (
             grpc.StatusCode.INVALID_ARGUMENT
         )
+
+
+def test_a_page_ends_before_it_outgrows_a_message(tmp_path: Path) -> None:
+    """With a small message limit and the longest job ids, 1000 keys do not fit
+    one answer: the page ends early with a token, and paging lists them all."""
+    job = "j" * 128
+    limit = 64 * 1024 + 1024
+    args = ["--max-request-bytes", str(limit), "--max-change-bytes", "1024"]
+    with ServerProcess(tmp_path / "srv", env={"DSTL_AUTH_SECRET": SECRET}, extra_args=args) as p:
+        objects = Path(p.storage.removeprefix("file://"))
+        keys = sorted(new_object_key(job) for _ in range(MAX_PAGE))
+        for k in keys:
+            (objects / k).parent.mkdir(parents=True, exist_ok=True)
+            (objects / k).write_bytes(b"raw")
+        backend = Backend("file", p, lambda _: {}, lambda _: None)
+        first = list_page(backend, job)
+        assert 0 < len(first.objects) < MAX_PAGE
+        assert first.ByteSize() <= limit
+        assert first.next_page_token == first.objects[-1].object_key
+        with ChangelogClient(
+            p.address,
+            token=AUTH.job_token(job),
+            timeout_s=30,
+            max_message_bytes=limit,
+            batch_bytes=1024,
+        ) as c:
+            assert [o.key for o in c.list_objects(job)] == keys

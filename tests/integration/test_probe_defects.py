@@ -27,6 +27,7 @@ from dstl_client.core.errors import (
     InvalidHandle,
     KeyGroupOutOfRange,
     LogNotFound,
+    SqnOutOfRange,
     TooManyWriters,
     WriterFailed,
 )
@@ -37,6 +38,8 @@ from tests.integration._helpers import Sidecar, error_of, poll_until, sidecar_wi
 JOB = "job-probe"
 ORDER_TIMEOUT_S = 1.0
 PER_JOB = 4
+KiB = 1 << 10
+MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
@@ -302,3 +305,46 @@ def test_a_request_with_too_many_parts_is_refused_before_any_work(
     many = [group(kg % 8, b"") for kg in range(MAX_PARTS_PER_REQUEST + 1)]
     err = error_of(sidecar.stub.Append, pb.AppendRequest(log_id=log_id, changes=many))
     assert isinstance(err, InvalidArgument) and "at most" in err.message
+
+
+def test_a_changeset_larger_than_a_message_is_read_back_in_pieces(tmp_path: Path) -> None:
+    """Every append between two persists forms one changeset per key group;
+    the wire fuzz found one that outgrew the message limit, and ReadChanges
+    answered RESOURCE_EXHAUSTED instead of the changes."""
+    limit = MiB
+    args = ["--max-request-bytes", str(limit), "--max-change-bytes", str(256 * KiB)]
+    with (
+        ServerProcess(tmp_path / "srv", extra_args=args) as proc,
+        ChangelogClient(
+            proc.address, timeout_s=30, batch_bytes=256 * KiB, max_message_bytes=limit
+        ) as client,
+    ):
+        w = client.create_writer(job_id="j", operator_id="op", key_group_range=(0, 1))
+        changes = [secrets.token_bytes(100 * KiB + i) for i in range(30)]  # ~3 MiB
+        for data in changes:
+            w.append(1, data)
+        w.append(0, b"small")
+        handle = w.persist_durably(after=0).result(timeout=60)
+        views = list(client.read_changesets(handle, [1]))
+        assert len(views) > 1 and all(v.nbytes <= limit for v in views)
+        assert {(v.key_group, v.sqn) for v in views} == {(1, 0)}
+        assert [c for v in views for c in v.changes()] == changes
+        assert sorted(d for _, _, d in client.read_changes(handle)) == sorted([*changes, b"small"])
+
+
+def test_a_handle_too_large_for_a_message_is_a_typed_error(tmp_path: Path) -> None:
+    """A persist from an old SQN of a never-truncated log names more sections
+    than a message carries: a clear SqnOutOfRange, not a bare transport error."""
+    limit = 64 * KiB + 1024
+    args = ["--max-request-bytes", str(limit), "--max-change-bytes", "1024"]
+    with (
+        ServerProcess(tmp_path / "srv", extra_args=args) as proc,
+        ChangelogClient(proc.address, timeout_s=30, batch_bytes=1024, max_message_bytes=limit) as c,
+    ):
+        w = c.create_writer(job_id="j", operator_id="op", key_group_range=(0, 0))
+        after = 0
+        for _ in range(800):  # one section per persist, ~55 bytes of handle each
+            w.append(0, b"x" * 8)
+            after = w.persist_durably(after=after).result(timeout=30).to_sqn
+        with pytest.raises(SqnOutOfRange, match="truncate the log"):
+            w.persist_durably(after=0).result(timeout=30)

@@ -15,6 +15,7 @@ from dstl_client.core.format import (
     OBJECT_HEADER_SIZE,
     BuiltObject,
     Changeset,
+    ChangesetView,
     EncodedSection,
     PackedChanges,
     build_object,
@@ -416,3 +417,21 @@ def test_split_changes_inverts_pack_changes(changes: list[bytes]) -> None:
     assert split_changes(packed.count, memoryview(packed.sizes), memoryview(packed.payload)) == (
         changes
     )
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(st.binary(max_size=40), max_size=30), st.integers(min_value=1, max_value=120))
+def test_a_split_changeset_keeps_its_changes_in_order_within_the_limit(
+    changes: list[bytes], max_bytes: int
+) -> None:
+    packed = pack_changes(changes)
+    view = ChangesetView(3, 7, packed.count, packed.sizes, packed.payload)
+    pieces = list(view.split(max_bytes))
+    assert [c for p in pieces for c in p.changes()] == changes
+    assert all((p.key_group, p.sqn) == (3, 7) for p in pieces)
+    for piece in pieces:
+        # over the limit only where one change alone is larger than it
+        assert piece.nbytes <= max_bytes or piece.count == 1
+        assert piece.count >= 1 or len(pieces) == 1
+    if view.nbytes <= max_bytes:
+        assert pieces == [view]
