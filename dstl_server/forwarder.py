@@ -24,6 +24,7 @@ import asyncio
 import logging
 import random
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,8 @@ class ParentForwarder:
         self._max_message_bytes = max_message_bytes
         self._clock = clock
         self._channel: grpc.aio.Channel | None = None
+        #: who this node is to its parent (random per process): see ForwardRequest.sender
+        self.sender = uuid.uuid4().hex
         self._failures = 0
         self._retry_at = 0.0
 
@@ -127,7 +130,9 @@ class ParentForwarder:
         if self._clock() < self._retry_at:
             self.metrics.forward_fallbacks.labels("backoff").inc()
             return None
-        request = pb.ForwardRequest(job_id=job_id, sections=[b"".join(s.chunks) for s in sections])
+        request = pb.ForwardRequest(
+            job_id=job_id, sections=[b"".join(s.chunks) for s in sections], sender=self.sender
+        )
         nbytes = sum(s.length for s in sections)
         metadata = (("authorization", f"Bearer {self._token}"),) if self._token else None
         started = self._clock()

@@ -387,7 +387,9 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         """A child node's flush, answered once the object holding it is complete."""
         check_node(self._principal(context))
         uploads = self.registry.uploads
-        entries = await uploads.accept_forwarded(request.job_id, list(request.sections))
+        entries = await uploads.accept_forwarded(
+            request.job_id, list(request.sections), sender=request.sender
+        )
         places = [pb.SectionPlacement(offset=e.offset, length=e.length) for e in entries]
         return pb.ForwardResponse(object_key=entries[0].object_key, placements=places)
 

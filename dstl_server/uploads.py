@@ -143,16 +143,23 @@ class Uploads:
         self._scheduler(wl.job_id).submit(task)
         return task
 
-    async def accept_forwarded(self, job_id: str, sections: list[bytes]) -> list[HandleEntry]:
+    async def accept_forwarded(
+        self, job_id: str, sections: list[bytes], *, sender: str = ""
+    ) -> list[HandleEntry]:
         """A child's flush: its sections join the job's next object; their entries, once complete.
 
-        Every section goes into the same object (queued at once). Raises
-        :class:`InvalidArgument` for a malformed section, ``UploadFailed``
-        or ``ShuttingDown`` when the object could not be completed.
+        Every section goes into the same object (queued at once). ``sender``
+        names the child (see :class:`BatchingScheduler`: whom a flush waits
+        for); empty: an unnamed child, never waited for. Raises
+        :class:`InvalidArgument` for a malformed section or sender,
+        ``UploadFailed`` or ``ShuttingDown`` when the object could not be
+        completed.
         """
         check_job_id(job_id)
         if not sections:
             raise InvalidArgument("Forward needs at least one section")
+        if len(sender) > MAX_SENDER_CHARS:
+            raise InvalidArgument(f"sender names are at most {MAX_SENDER_CHARS} characters")
         decoded = [decode_forwarded(data) for data in sections]
         if self.budget.over:  # the child uploads itself rather than wait here
             raise Backpressure("this node holds too many bytes not yet uploaded to take more")
@@ -161,7 +168,7 @@ class Uploads:
         tasks = [ForwardedSection(sec, loop.create_future()) for sec in decoded]
         for t in tasks:  # held until its object is complete (or failed), even if the call ends
             t.future.add_done_callback(functools.partial(self._release_forwarded, t.nbytes))
-        self._scheduler(job_id).submit_many(tasks)
+        self._scheduler(job_id).submit_many(tasks, sender=sender)
         entries = [await t.future for t in tasks]
         self.metrics.forward_received_batches.inc()
         self.metrics.forward_received_bytes.inc(sum(len(d) for d in sections))
@@ -222,7 +229,16 @@ class BatchingScheduler:
     A flush takes every queued task and turns it into one object with one log
     section per task. It fires when (a) ``persist_delay_s`` has passed since
     the first task was queued, (b) queued bytes reach ``size_threshold``, or
-    (c) every open writer of the job has a persist task queued. Flushed
+    (c) everyone taking part in the job's flushes is in: every open writer
+    of the job has a persist task queued and every child node known to
+    forward for the job has forwarded (a parent thus waits for its
+    children's batches instead of uploading its own without them, and a
+    batch of the children leaves as soon as the last one arrives rather
+    than after a persist delay per level). A child becomes known when it
+    forwards and is forgotten when a flush had to wait for the delay
+    without it (it stopped forwarding, or fell back to uploading itself),
+    so a departed child costs at most one delayed flush; at most
+    ``MAX_TRACKED_CHILDREN`` are known per job. Flushed
     objects are uploaded concurrently, at most ``upload_slots`` at a time
     (shared by every job on the node). The queue also takes sections child
     nodes forwarded (:class:`ForwardedSection`, already encoded); with a
@@ -259,6 +275,9 @@ class BatchingScheduler:
         self._queue: list[Queued] = []
         self._queued_bytes = 0
         self._persisting: set[str] = set()
+        #: children known to forward for this job, and those in the queue now
+        self._children: set[str] = set()
+        self._arrived: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -271,8 +290,12 @@ class BatchingScheduler:
         """Queue a task; flush now or arm the delay timer."""
         self.submit_many([task])
 
-    def submit_many(self, tasks: Sequence[Queued]) -> None:
-        """Queue tasks (all in the same next object); flush now or arm the delay timer."""
+    def submit_many(self, tasks: Sequence[Queued], *, sender: str = "") -> None:
+        """Queue tasks (all in the same next object); flush now or arm the delay timer.
+
+        ``sender``: the child node that forwarded ``tasks`` ("" for local
+        tasks or an unnamed child).
+        """
         if self._closed:
             for task in tasks:
                 task.future.set_exception(ShuttingDown("the sidecar is shutting down"))
@@ -282,15 +305,24 @@ class BatchingScheduler:
             self._queued_bytes += task.nbytes
             if isinstance(task, UploadTask) and not task.preemptive:
                 self._persisting.add(task.log.log_id)
+        if sender and (sender in self._children or len(self._children) < MAX_TRACKED_CHILDREN):
+            self._children.add(sender)
+            self._arrived.add(sender)
         if self.persist_delay_s <= 0:
             self.flush("immediate")
         elif self._queued_bytes >= self.size_threshold:
             self.flush("size")
-        elif self._persisting and len(self._persisting) >= self._open_writers():
+        elif self._all_in():
             self.flush("all_waiting")
         elif self._timer is None:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(self.persist_delay_s, self.flush, "delay")
+
+    def _all_in(self) -> bool:
+        """Every open writer of the job persisting and every known child arrived."""
+        if not self._persisting and not self._arrived:
+            return False  # only pre-emptive uploads or unnamed children queued
+        return len(self._persisting) >= self._open_writers() and self._children <= self._arrived
 
     def flush(self, trigger: str) -> None:
         """Take every queued task into one object and start its upload."""
@@ -299,9 +331,12 @@ class BatchingScheduler:
             self._timer = None
         if not self._queue:
             return
+        if trigger == "delay":  # whoever kept the flush waiting is no longer waited for
+            self._children &= self._arrived
         tasks, self._queue = self._queue, []
         self._queued_bytes = 0
         self._persisting.clear()
+        self._arrived.clear()
         self.metrics.flushes.labels(trigger).inc()
         t = asyncio.get_running_loop().create_task(self._upload(tasks))
         self._running.add(t)
@@ -364,6 +399,11 @@ class BatchingScheduler:
     def reopen(self) -> None:
         self._closed = False
 
+
+#: children a job's scheduler waits for at most; more still forward, unwaited for
+MAX_TRACKED_CHILDREN = 256
+#: longest ForwardRequest.sender accepted
+MAX_SENDER_CHARS = 64
 
 #: what a job's queue holds: a local writer's task or a child's forwarded section
 Queued = UploadTask | ForwardedSection

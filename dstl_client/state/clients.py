@@ -4,6 +4,9 @@
   a task prefers it to the address in the plan.
 * ``DSTL_TOKEN``: the sidecar's bearer token, if it wants one.
 * ``DSTL_CA_FILE``: a PEM CA bundle: the sidecar serves TLS (TCP off loopback).
+* ``DSTL_STATE_DIR``: the node-local state directory; a task prefers it to the
+  directory in the plan (the driver's default), so every node may keep its
+  state where its own disk is.
 
 Python workers are reused across tasks, so clients are cached per process
 (a forked worker gets its own) and shared by every task of the process. The
@@ -30,6 +33,8 @@ ADDRESS_ENV = "DSTL_ADDRESS"
 TOKEN_ENV = "DSTL_TOKEN"
 #: environment variable with a PEM CA bundle: the sidecar serves TLS (TCP off loopback)
 CA_FILE_ENV = "DSTL_CA_FILE"
+#: environment variable naming the node-local state directory
+STATE_DIR_ENV = "DSTL_STATE_DIR"
 
 _clients: dict[tuple[int, str, str | None, str | None], ChangelogClient] = {}
 _clients_lock = threading.Lock()
@@ -60,6 +65,11 @@ def resolve_address(plan: BatchPlan) -> tuple[str, str | None]:
         )
     token = os.environ.get(TOKEN_ENV) or plan.dstl_token
     return address, token
+
+
+def resolve_state_dir(plan: BatchPlan) -> str:
+    """This node's state directory: ``$DSTL_STATE_DIR``, else the plan's."""
+    return os.environ.get(STATE_DIR_ENV) or plan.state_dir
 
 
 def close_log(client: ChangelogClient, job_id: str, log_id: str) -> bool:

@@ -49,7 +49,7 @@ from dstl_client.core.errors import CallLost, DstlError, LogNotFound, WriterFail
 from dstl_client.keygroups import KeyGroupRange, key_group_range_for_operator
 from dstl_client.state.api import KeyedContext
 from dstl_client.state.backend import ChangelogStateBackend
-from dstl_client.state.clients import resolve_address, shared_client
+from dstl_client.state.clients import resolve_address, resolve_state_dir, shared_client
 from dstl_client.state.materialize import Materializer, MatOutcome
 from dstl_client.state.restore import restore_subtask
 from dstl_client.state.store import NO_VERSION, LocalKeyedStore
@@ -108,7 +108,7 @@ class Subtask:
     def open(self) -> KeyedContext:
         """Prepare the store (merge, drop or restore), materialize if asked, start logging."""
         plan = self.plan
-        directory = store_dir(plan.state_dir, plan.job_id, plan.operator_id, self.kg_range)
+        directory = store_dir(resolve_state_dir(plan), plan.job_id, plan.operator_id, self.kg_range)
         t0 = time.perf_counter()
         self._store = LocalKeyedStore(directory, self.kg_range)
         self.stats = replace(self.stats, lock_s=round(time.perf_counter() - t0, 4))

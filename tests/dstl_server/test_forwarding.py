@@ -211,6 +211,14 @@ async def test_with_auth_a_child_forwards_with_the_node_token_a_job_token_cannot
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.Forward(pb.ForwardRequest(job_id=JOB, sections=[section]))
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            # a node token, but a sender name longer than any node sends
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Forward(
+                    pb.ForwardRequest(job_id=JOB, sections=[section], sender="n" * 65),
+                    metadata=(("authorization", f"Bearer {auth.node_token()}"),),
+                )
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "sender" in (info.value.details() or "")
         assert len(objects(tmp_path)) == 1  # refused calls stored nothing
 
 
@@ -230,7 +238,12 @@ async def test_a_parent_slower_than_the_forward_timeout_means_a_direct_upload(
         ) as child,
     ):
         client = ChangelogClient(child.address)
+        pclient = ChangelogClient(parent.address)
         try:
+            # the parent has a writer of the job that does not persist: it waits its delay
+            await off_loop(
+                lambda: pclient.create_writer(job_id=JOB, operator_id="p", key_group_range=(0, 3))
+            )
             w = await off_loop(
                 lambda: client.create_writer(job_id=JOB, operator_id="o", key_group_range=(0, 3))
             )
@@ -242,5 +255,6 @@ async def test_a_parent_slower_than_the_forward_timeout_means_a_direct_upload(
             assert len(objects(tmp_path)) == 1  # the child's own upload
         finally:
             client.close()
+            pclient.close()
     # the parent completed its copy at shutdown: an object no handle names (orphan sweep)
     assert len(objects(tmp_path)) == 2

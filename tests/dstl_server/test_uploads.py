@@ -17,6 +17,7 @@ import pytest
 from dstl_client.core.errors import ShuttingDown, SqnOutOfRange, UploadFailed
 from dstl_client.core.format import Changeset, pack_changes, parse_kg_block, parse_log_header
 from dstl_client.core.handle import HandleEntry
+from dstl_server.forwarder import ForwardedSection
 from dstl_server.log import PART_OVERHEAD_BYTES, WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.throttle import MemoryBudget
@@ -373,6 +374,96 @@ async def test_immediate_without_delay() -> None:
     sch.submit(t)
     await asyncio.wait_for(t.future, 5)
     assert sample(metrics, "dstl_flushes_total", trigger="immediate") == 1
+
+
+def forwarded(payload: bytes) -> ForwardedSection:
+    """A child's section, as a parent's Forward handler queues it."""
+    section = make_task(WriterLog("job", "child-op", (0, 0)), payload).encode()
+    return ForwardedSection(section, asyncio.get_running_loop().create_future())
+
+
+@pytest.mark.asyncio
+async def test_a_parent_waits_for_its_known_children_before_flushing() -> None:
+    up = MemoryUploader()
+    metrics = ServerMetrics()
+    sch = scheduler(up, writers=1, metrics=metrics)
+    wl = WriterLog("job", "op", (0, 0))
+    # round 1: the child forwards while the parent's writer is busy, then it persists
+    c1 = forwarded(b"child r1")
+    sch.submit_many([c1], sender="c")
+    await settle()
+    assert up.calls == 0
+    p1 = make_task(wl, b"parent r1")
+    sch.submit(p1)
+    await asyncio.wait_for(asyncio.gather(c1.future, p1.future), 5)
+    assert up.calls == 1
+    # round 2: the parent's writer persists first; all its own writers wait, but
+    # the known child has not forwarded yet: no object without it
+    p2 = make_task(wl, b"parent r2")
+    sch.submit(p2)
+    await settle()
+    assert up.calls == 1 and not p2.future.done()
+    c2 = forwarded(b"child r2")
+    sch.submit_many([c2], sender="c")
+    e1, e2 = await asyncio.wait_for(asyncio.gather(p2.future, c2.future), 5)
+    assert up.calls == 2 and e1.object_key == e2.object_key
+    assert sample(metrics, "dstl_flushes_total", trigger="all_waiting") == 2
+    assert sample(metrics, "dstl_flushes_total", trigger="delay") == 0
+
+
+async def forward_round(sch: BatchingScheduler, *senders: str) -> list[HandleEntry]:
+    """Each sender forwards one section, one after the other; their entries."""
+    sections = []
+    for name in senders:
+        s = forwarded(name.encode())
+        sch.submit_many([s], sender=name)
+        sections.append(s)
+        await settle()
+    return list(await asyncio.wait_for(asyncio.gather(*(s.future for s in sections)), 5))
+
+
+@pytest.mark.asyncio
+async def test_children_batches_leave_when_the_last_child_arrives() -> None:
+    up = MemoryUploader()
+    metrics = ServerMetrics()
+    sch = scheduler(up, writers=0, delay_s=0.05, metrics=metrics)  # no writers of its own
+    # the first round learns who forwards: a leaves at once, b waits for a known a
+    await forward_round(sch, "a", "b")
+    assert up.calls == 2
+    assert sample(metrics, "dstl_flushes_total", trigger="delay") == 1
+    # from then on a waits for b, and the batch leaves when b arrives
+    a, b = forwarded(b"a"), forwarded(b"b")
+    sch.submit_many([a], sender="a")
+    await settle()
+    assert up.calls == 2 and not a.future.done()
+    sch.submit_many([b], sender="b")
+    ea, eb = await asyncio.wait_for(asyncio.gather(a.future, b.future), 5)
+    assert up.calls == 3 and ea.object_key == eb.object_key
+    assert sample(metrics, "dstl_flushes_total", trigger="delay") == 1
+    entries = await forward_round(sch, "b", "a")  # in either order
+    assert up.calls == 4 and len({e.object_key for e in entries}) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_departed_child_costs_one_delayed_flush() -> None:
+    up = MemoryUploader()
+    metrics = ServerMetrics()
+    sch = scheduler(up, writers=0, delay_s=0.05, metrics=metrics)
+    await forward_round(sch, "a", "b")
+    await forward_round(sch, "a", "b")  # both known now
+    delayed = sample(metrics, "dstl_flushes_total", trigger="delay")
+    # b stopped forwarding: a's next flush waits the delay, and then b is forgotten
+    for _ in range(3):
+        await forward_round(sch, "a")
+    assert sample(metrics, "dstl_flushes_total", trigger="delay") == delayed + 1
+    assert up.calls == 2 + 1 + 3
+    # an unnamed child is never waited for: it rides along with the next flush
+    s = forwarded(b"anonymous")
+    sch.submit_many([s])
+    await settle()
+    assert not s.future.done()
+    (ea,) = await forward_round(sch, "a")
+    assert (await s.future).object_key == ea.object_key
 
 
 @pytest.mark.asyncio

@@ -277,13 +277,17 @@ def test_a_restarted_parent_takes_forwards_again_and_no_acknowledged_change_is_l
             for key in h.object_keys:
                 assert (shared / key).is_file(), (h, key)
 
-    # the mid node holds a forwarded flush for a second, so a kill lands while it does
+    # the mid node holds a forwarded flush for a second (its own writers do not
+    # persist), so a kill lands while it does
     with (
         node(tmp_path, "root", 100, storage) as root,
         node(tmp_path, "mid", 1000, storage, root.address) as mid,
         node(tmp_path, "leaf", 10, storage, mid.address) as leaf,
     ):
         leafn = Node("leaf", leaf)
+        # writers of every job on the mid node that do not persist: its flushes wait
+        # for its delay instead of leaving when the leaf's section arrives
+        midn = Node("mid", mid)
         root_client = ChangelogClient(root.address)
         try:
             # forwarding works: leaf -> mid -> root
@@ -337,5 +341,6 @@ def test_a_restarted_parent_takes_forwards_again_and_no_acknowledged_change_is_l
                 check_all(acked, [leafn.client, root_client])
         finally:
             leafn.client.close()
+            midn.client.close()
             root_client.close()
     assert object_files(tmp_path / "leaf") == []  # everything went to the shared root

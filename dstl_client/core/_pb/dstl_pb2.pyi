@@ -635,7 +635,13 @@ class ForwardRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     SECTIONS_FIELD_NUMBER: _builtins.int
+    SENDER_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    sender: _builtins.str
+    """The sending node (random per process, at most 64 characters). The parent
+    only uses it to know which children take part in a job's flushes, so a
+    flush can leave as soon as all of them (and its own writers) are in.
+    """
     @_builtins.property
     def sections(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
     def __init__(
@@ -643,10 +649,11 @@ class ForwardRequest(_message.Message):
         *,
         job_id: _builtins.str = ...,
         sections: _abc.Iterable[_builtins.bytes] | None = ...,
+        sender: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "sections", b"sections"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "sections", b"sections", "sender", b"sender"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
