@@ -36,6 +36,8 @@ from dstl_server.testing import ServerProcess
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "dstl"
 RELEASE = "dstl"
+#: the sidecar image deploy/docker/sidecar.Dockerfile builds (tests/deploy/test_images.py)
+SIDECAR_IMAGE = "ghcr.io/dstl-project/dstl-sidecar"
 NAMESPACE = "obs"
 #: the chart's kubeVersion floor (native sidecars) and the newest schemas shipped
 K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
@@ -215,7 +217,7 @@ def test_default_daemonset(chart: helm.Chart) -> None:
     server = container(spec, "dstl")
     sock = "/var/run/dstl/dstl.sock"
 
-    assert server["image"] == "dstl-server:0.1.0"  # appVersion when image.tag is empty
+    assert server["image"] == f"{SIDECAR_IMAGE}:0.1.0"  # appVersion when image.tag is empty
     assert server["command"] == ["dstl-server"] and "args" not in server
     assert server["envFrom"] == [{"configMapRef": {"name": cm["metadata"]["name"]}}]
     assert cm["data"]["DSTL_UNIX_SOCKET"] == sock
@@ -291,6 +293,25 @@ def test_default_daemonset(chart: helm.Chart) -> None:
         "/var/run/dstl"
     )
     assert executor["spec"]["securityContext"]["supplementalGroups"] == [185]
+
+    # their keyed state: a node directory the DaemonSet hands to Spark's user 185
+    state = "/var/lib/dstl/state"
+    assert by_name(exec_c["env"])["DSTL_STATE_DIR"]["value"] == state
+    assert by_name(exec_c["volumeMounts"])["dstl-state"] == {
+        "name": "dstl-state",
+        "mountPath": state,
+    }
+    assert by_name(executor["spec"]["volumes"])["dstl-state"]["hostPath"] == {
+        "path": state,
+        "type": "Directory",
+    }
+    assert f"chown 185:185 {state} && chmod 0700 {state}" in init["command"][2]
+    assert by_name(init["volumeMounts"])["dstl-executor-state"]["mountPath"] == state
+    assert volumes["dstl-executor-state"]["hostPath"] == {
+        "path": state,
+        "type": "DirectoryOrCreate",
+    }
+    assert "dstl-executor-state" not in by_name(server["volumeMounts"])  # not the server's
 
 
 def test_s3_tcp_auth_daemonset(chart: helm.Chart) -> None:
@@ -378,9 +399,13 @@ def test_tls_tcp_only_uses_a_tcp_probe_and_the_node_ip(chart: helm.Chart) -> Non
     assert cm["DSTL_UNIX_SOCKET"] == ""
     assert by_name(spec["volumes"])["dstl-tls"]["secret"]["secretName"] == "dstl-tls"
     assert "initContainers" not in spec  # no hostPath directory to prepare
-    env = by_name(container(executor_pod(docs)["spec"], "spark-kubernetes-executor")["env"])
+    executor = executor_pod(docs)
+    env = by_name(container(executor["spec"], "spark-kubernetes-executor")["env"])
     assert env["DSTL_NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
     assert env["DSTL_ADDRESS"]["value"] == "$(DSTL_NODE_IP):7070"
+    # TCP only is for executor namespaces without hostPath: their state is the pod's own
+    assert env["DSTL_STATE_DIR"]["value"] == "/var/lib/dstl/state"
+    assert executor["spec"]["volumes"] == [{"name": "dstl-state", "emptyDir": {}}]
 
 
 def test_sidecar_mode_executor_pod_template(chart: helm.Chart) -> None:
@@ -413,6 +438,10 @@ def test_sidecar_mode_executor_pod_template(chart: helm.Chart) -> None:
     assert by_name(sidecar["volumeMounts"])["dstl-socket"]["mountPath"] == "/var/run/dstl"
     assert by_name(executor["volumeMounts"])["dstl-socket"]["mountPath"] == "/var/run/dstl"
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9464"
+    # no node directory in this mode: the keyed state is the executor pod's own
+    assert env["DSTL_STATE_DIR"]["value"] == "/var/lib/dstl/state"
+    assert volumes["dstl-state"] == {"name": "dstl-state", "emptyDir": {}}
+    assert "hostPath" not in str(spec)
 
     # sidecar.native=false: an ordinary second container instead
     plain = executor_pod(render(chart, {**SIDECAR, "sidecar": {"native": False}}))["spec"]
@@ -823,8 +852,108 @@ def test_sidecar_container_from_a_parent_chart(tmp_path: Path) -> None:
     subchart_cm = only(docs, "ConfigMap", "job1-dstl-config")
     assert sidecar["envFrom"][0]["configMapRef"]["name"] == subchart_cm["metadata"]["name"]
     assert subchart_cm["data"]["DSTL_STORAGE"] == "s3://dstl-jobs/x"
-    assert sidecar["image"] == "dstl-server:0.1.0"
+    assert sidecar["image"] == f"{SIDECAR_IMAGE}:0.1.0"
     assert "dstl-socket" in by_name(pod["spec"]["volumes"])
+
+
+@pytest.mark.parametrize("config", ["defaults", "sidecar", "tree"])
+def test_a_chart_bump_alone_restarts_no_pod(chart: helm.Chart, tmp_path: Path, config: str) -> None:
+    """Pod templates carry no chart version: a new chart version changes no pod spec.
+
+    The objects themselves keep helm.sh/chart and app.kubernetes.io/version;
+    their pods get the stable selector labels (and podLabels) only, so a chart
+    bump with the same image and settings does not roll every sidecar.
+    """
+    bumped = tmp_path / "dstl"
+    shutil.copytree(CHART, bumped)
+    meta = yaml.safe_load((bumped / "Chart.yaml").read_text())
+    meta["version"] = "9.9.9"
+    (bumped / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    values = {**CONFIGS[config], "podLabels": {"team": "data"}}
+    with helm.Chart.load(bumped) as loaded:
+        new_docs = render(loaded, values)
+    old_docs = render(chart, values)
+
+    def pods(docs: list[Manifest]) -> dict[str, Manifest]:
+        found = {
+            f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]
+            for d in docs
+            if d["kind"] in ("DaemonSet", "StatefulSet")
+        }
+        if config != "tree":
+            found["executor"] = executor_pod(docs)
+        return found
+
+    old, new = pods(old_docs), pods(new_docs)
+    assert old and old == new
+    for template in old.values():
+        labels = template["metadata"]["labels"]
+        assert not {"helm.sh/chart", "app.kubernetes.io/version"} & set(labels)
+    for name, template in old.items():
+        if name != "executor":
+            selector = only(old_docs, *name.split("/"))["spec"]["selector"]["matchLabels"]
+            assert template["metadata"]["labels"] == {**selector, "team": "data"}
+    # the objects do carry the version: the bump is visible on them
+    workload = [d for d in new_docs if d["kind"] in ("DaemonSet", "StatefulSet", "ConfigMap")]
+    assert all(d["metadata"]["labels"]["helm.sh/chart"] == "dstl-9.9.9" for d in workload)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {**SIDECAR, "executorPodTemplate": {"stateDir": {"volume": "hostPath"}}},
+            "executorPodTemplate.stateDir.volume hostPath is for mode daemonset only",
+        ),
+        (
+            {"executorPodTemplate": {"stateDir": {"path": "/var/run/dstl"}}},
+            "stateDir.path /var/run/dstl is a directory of dstl-server's own",
+        ),
+        (
+            {"executorPodTemplate": {"stateDir": {"path": "/var/lib/dstl/objects/"}}},
+            "stateDir.path /var/lib/dstl/objects/ is a directory of dstl-server's own",
+        ),
+    ],
+)
+def test_state_dir_misuse_fails(chart: helm.Chart, values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmRenderError, match=message):
+        render(chart, values)
+
+
+def test_state_dir_choices(chart: helm.Chart) -> None:
+    # emptyDir in daemonset mode: the pod's own, and the DaemonSet prepares nothing for it
+    docs = render(chart, {"executorPodTemplate": {"stateDir": {"volume": "emptyDir"}}})
+    pod = executor_pod(docs)
+    assert by_name(pod["spec"]["volumes"])["dstl-state"] == {"name": "dstl-state", "emptyDir": {}}
+    spec = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert "dstl-executor-state" not in by_name(spec["volumes"])
+    assert "/var/lib/dstl/state" not in container(spec, "host-dirs", init=True)["command"][2]
+
+    # another owner and path: the init container hands that directory to that user
+    own = {"path": "/mnt/disks/ssd0/dstl-state", "uid": 1000, "gid": 2000}
+    docs = render(chart, {"executorPodTemplate": {"stateDir": own}})
+    spec = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    command = container(spec, "host-dirs", init=True)["command"][2]
+    assert f"chown 1000:2000 {own['path']} && chmod 0700 {own['path']}" in command
+    exec_c = container(executor_pod(docs)["spec"], "spark-kubernetes-executor")
+    assert by_name(exec_c["env"])["DSTL_STATE_DIR"]["value"] == own["path"]
+
+    # hostDirInit off: the nodes prepare it; the executors still mount the node directory
+    docs = render(chart, {"hostDirInit": {"enabled": False}})
+    spec = only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert "initContainers" not in spec
+    assert "dstl-executor-state" not in by_name(spec["volumes"])
+    volumes = by_name(executor_pod(docs)["spec"]["volumes"])
+    assert volumes["dstl-state"]["hostPath"]["path"] == "/var/lib/dstl/state"
+
+    # no path: no DSTL_STATE_DIR (dstl_client falls back to <tmp>/dstl-state)
+    docs = render(chart, {"executorPodTemplate": {"stateDir": {"path": ""}}})
+    pod = executor_pod(docs)
+    exec_c = container(pod["spec"], "spark-kubernetes-executor")
+    assert "DSTL_STATE_DIR" not in by_name(exec_c["env"])
+    assert "dstl-state" not in by_name(pod["spec"]["volumes"])
+    for k8s in K8S_VERSIONS:
+        kubernetes_validate.validate(pod, k8s, strict=True)
 
 
 def _doc_snippet(name: str) -> str:

@@ -22,6 +22,19 @@ app.kubernetes.io/name: {{ include "dstl.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/*
+Labels of the pods (template metadata): the selector's and podLabels only,
+never the chart's version or appVersion, so a chart bump alone does not roll
+every sidecar (a new image or ConfigMap does, on purpose).
+*/}}
+{{- define "dstl.podLabels" -}}
+{{ include "dstl.selectorLabels" . }}
+{{- with .Values.podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of the chart's own objects (not of their pods). */}}
 {{- define "dstl.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{ include "dstl.selectorLabels" . }}
@@ -78,6 +91,21 @@ only); empty when auth is off.
 {{- define "dstl.filePath" -}}
 {{- if hasPrefix "file://" .Values.storage.url }}
 {{- trimPrefix "file://" .Values.storage.url }}
+{{- end }}
+{{- end }}
+
+{{/*
+The executors' state directory volume (executorPodTemplate.stateDir):
+"hostPath", "emptyDir", or empty when the template sets no DSTL_STATE_DIR.
+*/}}
+{{- define "dstl.stateVolume" -}}
+{{- $sd := .Values.executorPodTemplate.stateDir }}
+{{- if and .Values.executorPodTemplate.enabled $sd.path (ne .Values.mode "tree") }}
+{{- if eq $sd.volume "auto" }}
+{{- ternary "hostPath" "emptyDir" (and (eq .Values.mode "daemonset") .Values.unixSocket.enabled) }}
+{{- else }}
+{{- $sd.volume }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -155,6 +183,16 @@ includes it, so a bad combination fails rendering with one clear message.
 {{- end }}
 {{- if and .Values.tcp.hostPort (include "dstl.tcpLoopback" .) }}
 {{- fail "dstl: tcp.hostPort needs a non-loopback tcp.bindAddress" }}
+{{- end }}
+{{- $stateDir := .Values.executorPodTemplate.stateDir }}
+{{- if and (eq (include "dstl.stateVolume" .) "hostPath") (ne .Values.mode "daemonset") }}
+{{- fail "dstl: executorPodTemplate.stateDir.volume hostPath is for mode daemonset only (its init container prepares the node directory): use emptyDir or auto" }}
+{{- end }}
+{{- if include "dstl.stateVolume" . }}
+{{- $clean := trimSuffix "/" $stateDir.path }}
+{{- if or (eq $clean (trimSuffix "/" .Values.unixSocket.dir)) (eq $clean (trimSuffix "/" (include "dstl.filePath" .))) }}
+{{- fail (printf "dstl: executorPodTemplate.stateDir.path %s is a directory of dstl-server's own (the socket's or the file:// objects'): give the executors' state a directory of its own" $stateDir.path) }}
+{{- end }}
 {{- end }}
 {{- $grace := .Values.config.shutdownGraceS | default 30 | float64 }}
 {{- if le (include "dstl.terminationGracePeriodSeconds" . | float64) $grace }}
@@ -452,6 +490,10 @@ by dstl_client. Never the node secret: with it a job could mint any job's token.
 - name: DSTL_ADDRESS
   value: {{ printf "127.0.0.1:%d" (int .Values.tcp.port) | quote }}
 {{- end }}
+{{- if include "dstl.stateVolume" . }}
+- name: DSTL_STATE_DIR
+  value: {{ .Values.executorPodTemplate.stateDir.path | quote }}
+{{- end }}
 {{- if $jobToken.name }}
 - name: DSTL_TOKEN
   valueFrom:
@@ -493,15 +535,23 @@ spec:
     - name: {{ .Values.executorPodTemplate.containerName }}
       env:
         {{- include "dstl.executorEnv" . | trim | nindent 8 }}
-      {{- if .Values.unixSocket.enabled }}
+      {{- $state := include "dstl.stateVolume" . }}
+      {{- if or .Values.unixSocket.enabled $state }}
       volumeMounts:
+        {{- if .Values.unixSocket.enabled }}
         - name: dstl-socket
           mountPath: {{ .Values.unixSocket.dir }}
           readOnly: true
+        {{- end }}
+        {{- if $state }}
+        - name: dstl-state
+          mountPath: {{ .Values.executorPodTemplate.stateDir.path }}
+        {{- end }}
       {{- end }}
     {{- if and $sidecar (not .Values.sidecar.native) }}
     - {{ include "dstl.sidecarContainer" . | trim | nindent 6 | trim }}
     {{- end }}
+  {{- if or $sidecar .Values.unixSocket.enabled $state }}
   volumes:
   {{- if $sidecar }}
     {{- include "dstl.sidecarVolumes" . | trim | nindent 4 }}
@@ -511,7 +561,19 @@ spec:
         path: {{ .Values.unixSocket.dir }}
         # made by the DaemonSet: an executor waits for its node's sidecar
         type: Directory
-  {{- else }} []
+  {{- end }}
+  {{- if eq $state "hostPath" }}
+    - name: dstl-state
+      hostPath:
+        path: {{ .Values.executorPodTemplate.stateDir.path }}
+        # made by the DaemonSet (host-dirs), owned by the executors' user
+        type: Directory
+  {{- else if eq $state "emptyDir" }}
+    - name: dstl-state
+      emptyDir: {}
+  {{- end }}
+  {{- else }}
+  volumes: []
   {{- end }}
 {{- end }}
 
