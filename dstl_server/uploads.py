@@ -235,10 +235,12 @@ class BatchingScheduler:
     children's batches instead of uploading its own without them, and a
     batch of the children leaves as soon as the last one arrives rather
     than after a persist delay per level). A child becomes known when it
-    forwards and is forgotten when a flush had to wait for the delay
-    without it (it stopped forwarding, or fell back to uploading itself),
-    so a departed child costs at most one delayed flush; at most
-    ``MAX_TRACKED_CHILDREN`` are known per job. Flushed
+    forwards and is forgotten after ``FORGET_AFTER_MISSES`` flushes in a
+    row that had to wait for the delay without it (it stopped forwarding,
+    or fell back to uploading itself), so a departed child costs at most
+    that many delayed flushes, while a child that was on time is not
+    forgotten because one delayed flush held only a straggler's section;
+    at most ``MAX_TRACKED_CHILDREN`` are known per job. Flushed
     objects are uploaded concurrently, at most ``upload_slots`` at a time
     (shared by every job on the node). The queue also takes sections child
     nodes forwarded (:class:`ForwardedSection`, already encoded); with a
@@ -275,8 +277,9 @@ class BatchingScheduler:
         self._queue: list[Queued] = []
         self._queued_bytes = 0
         self._persisting: set[str] = set()
-        #: children known to forward for this job, and those in the queue now
-        self._children: set[str] = set()
+        #: children known to forward for this job (-> delayed flushes in a row
+        #: without them), and those in the queue now
+        self._children: dict[str, int] = {}
         self._arrived: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._running: set[asyncio.Task[None]] = set()
@@ -306,7 +309,7 @@ class BatchingScheduler:
             if isinstance(task, UploadTask) and not task.preemptive:
                 self._persisting.add(task.log.log_id)
         if sender and (sender in self._children or len(self._children) < MAX_TRACKED_CHILDREN):
-            self._children.add(sender)
+            self._children[sender] = 0
             self._arrived.add(sender)
         if self.persist_delay_s <= 0:
             self.flush("immediate")
@@ -322,7 +325,9 @@ class BatchingScheduler:
         """Every open writer of the job persisting and every known child arrived."""
         if not self._persisting and not self._arrived:
             return False  # only pre-emptive uploads or unnamed children queued
-        return len(self._persisting) >= self._open_writers() and self._children <= self._arrived
+        return len(self._persisting) >= self._open_writers() and self._arrived.issuperset(
+            self._children
+        )
 
     def flush(self, trigger: str) -> None:
         """Take every queued task into one object and start its upload."""
@@ -331,8 +336,13 @@ class BatchingScheduler:
             self._timer = None
         if not self._queue:
             return
-        if trigger == "delay":  # whoever kept the flush waiting is no longer waited for
-            self._children &= self._arrived
+        if trigger == "delay":  # whoever kept the flush waiting: forgotten if it keeps doing so
+            for child in [c for c in self._children if c not in self._arrived]:
+                misses = self._children[child] + 1
+                if misses >= FORGET_AFTER_MISSES:
+                    del self._children[child]
+                else:
+                    self._children[child] = misses
         tasks, self._queue = self._queue, []
         self._queued_bytes = 0
         self._persisting.clear()
@@ -402,6 +412,8 @@ class BatchingScheduler:
 
 #: children a job's scheduler waits for at most; more still forward, unwaited for
 MAX_TRACKED_CHILDREN = 256
+#: delayed flushes in a row without a known child after which it is no longer waited for
+FORGET_AFTER_MISSES = 2
 #: longest ForwardRequest.sender accepted
 MAX_SENDER_CHARS = 64
 

@@ -29,7 +29,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--leaf-delay-ms", type=float, help=f"default {d.leaf_delay_ms:g}")
     parser.add_argument("--level-step-ms", type=float, help=f"default {d.level_step_ms:g}")
     parser.add_argument(
-        "--no-idle-writer", action="store_true", help="no never-persisting writer on parents"
+        "--idle-writer",
+        action="store_true",
+        help="one never-persisting writer on every parent (the old workaround, for comparison)",
     )
     parser.add_argument("--no-fault-proxy", action="store_true", help="skip tree4-faults")
     parser.add_argument("--tail-rate", type=float, help=f"PUTs delayed ({d.tail_rate:g})")
@@ -61,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = replace(
         d,
         configs=configs,
-        idle_writer=not ns.no_idle_writer,
+        idle_writer=ns.idle_writer,
         fault_proxy=not ns.no_fault_proxy,
         **{k: v for k, v in overrides.items() if v is not None},
     )

@@ -37,30 +37,83 @@ def usage_table(results: dict[str, ConfigResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict[str, ConfigResult], path: Path) -> bool:
-    """Latency CDF per configuration and objects per checkpoint; False without matplotlib."""
+def flush_table(results: dict[str, ConfigResult]) -> str:
+    """Flushes over every sidecar by trigger: which released the objects (warm-up included)."""
+    names = sorted({t for r in results.values() for t in r.flush_triggers})
+    if not names:
+        return "(no flush counts scraped)\n"
+    lines = [
+        "| config | " + " | ".join(names) + " |",
+        "| --- | " + " | ".join("---:" for _ in names) + " |",
+    ]
+    for r in results.values():
+        cells = " | ".join(str(r.flush_triggers.get(t, 0)) for t in names)
+        lines.append(f"| {r.name} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def _ms_label(v: float, _pos: int | None = None) -> str:
+    return f"{v:g}"
+
+
+def _ms_minor_label(v: float, _pos: int | None = None) -> str:
+    """Only 2x and 5x a power of ten: enough ticks on a log axis without crowding."""
+    lead = f"{v:.0e}"[0]
+    return f"{v:g}" if lead in "25" else ""
+
+
+def plot(results: dict[str, ConfigResult], path: Path, title: str = "") -> str | None:
+    """Persist latency CDF per configuration (a) and objects per checkpoint (b) as one PNG.
+
+    Returns None once written, else why not (matplotlib missing, or the
+    drawing failed): the report says so and the run still succeeds.
+    """
     try:
+        # typed when installed; the ignore is for `make typecheck` without the bench extra
         import matplotlib  # type: ignore[import-not-found,unused-ignore]
 
-        matplotlib.use("Agg")
+        matplotlib.use("Agg")  # no display: files only
         import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
+        from matplotlib.ticker import FuncFormatter  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
-        return False
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in results.values():
-        xs = sorted(r.latencies_ms)
-        if xs:
-            ax1.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=r.name)
-    ax1.set_xscale("log")
-    ax1.set_xlabel("persist latency (ms)")
-    ax1.set_ylabel("fraction of persists")
-    ax1.legend()
-    ax2.bar(list(results), [r.objects_per_ckpt for r in results.values()])
-    ax2.set_ylabel("objects per checkpoint")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+        return "matplotlib is not installed (`pip install -e '.[bench]'`)"
+    try:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+        try:
+            for r in results.values():
+                xs = sorted(r.latencies_ms)
+                if xs:
+                    ys = [(i + 1) / len(xs) for i in range(len(xs))]
+                    ax1.step(xs, ys, where="post", label=f"{r.name} (p99 {r.p99_ms:.0f} ms)")
+            ax1.set_xscale("log")
+            ax1.xaxis.set_major_formatter(FuncFormatter(_ms_label))
+            ax1.xaxis.set_minor_formatter(FuncFormatter(_ms_minor_label))
+            ax1.set_xlabel("persist latency (ms, log)")
+            ax1.set_ylabel("fraction of persists")
+            ax1.set_ylim(0, 1.01)
+            ax1.axhline(0.99, color="grey", linewidth=0.6, linestyle=":")
+            ax1.grid(True, which="both", alpha=0.3)
+            ax1.legend(loc="lower right", fontsize="small")
+            ax1.set_title("(a) persist latency CDF")
+            names = list(results)
+            means = [r.objects_per_ckpt for r in results.values()]
+            peaks = [r.objects_per_ckpt_max for r in results.values()]
+            bars = ax2.bar(names, means, color="tab:blue")
+            labels = [f"{m:.2f} (max {p})" for m, p in zip(means, peaks, strict=True)]
+            ax2.bar_label(bars, labels=labels)
+            ax2.set_ylabel("objects per checkpoint (mean)")
+            ax2.set_ylim(0, max([*means, 1.0]) * 1.15)
+            ax2.grid(True, axis="y", alpha=0.3)
+            ax2.set_title("(b) objects per checkpoint")
+            if title:
+                fig.suptitle(title, fontsize="medium")
+            fig.tight_layout()
+            fig.savefig(path, dpi=110)
+        finally:
+            plt.close(fig)
+    except Exception as exc:  # a plot is not worth failing a run of minutes for
+        return f"the plot failed: {exc!r}"
+    return None
 
 
 def write_report(
@@ -73,9 +126,15 @@ def write_report(
     report_dir.mkdir(parents=True, exist_ok=True)
     path = report_dir / f"tree-{stamp}.md"
     png = report_dir / f"tree-{stamp}.png"
-    plotted = plot(results, png)
-    if not plotted:
-        print("[tree-bench] matplotlib is not importable: no plot", flush=True)
+    title = (
+        f"K={cfg.nodes} sidecars x W={cfg.writers} writers, a checkpoint every "
+        f"{cfg.interval_s:g} s, {cfg.duration_s:g} s per configuration"
+        + (", idle writer on parents" if cfg.idle_writer else "")
+        + f" ({stamp})"
+    )
+    why_not = plot(results, png, title)
+    if why_not is not None:
+        print(f"[tree-bench] no plot: {why_not}", flush=True)
     settings = {k: v for k, v in asdict(cfg).items()}
     lines = [
         f"# Forwarding-tree benchmark {stamp}",
@@ -83,30 +142,40 @@ def write_report(
         f"K={cfg.nodes} sidecars on 127.0.0.1, W={cfg.writers} writers each, one SeaweedFS; "
         f"a checkpoint every {cfg.interval_s:g} s ({cfg.changes_per_checkpoint} changes of "
         f"{cfg.change_bytes} B per writer), {cfg.duration_s:g} s measured per configuration "
-        f"after {cfg.warmup_rounds} warm-up round(s). Persist delay of a node = "
+        f"after {cfg.warmup_rounds} warm-up round(s). Persist delay (a cap) of a node = "
         f"{cfg.leaf_delay_ms:g} ms + {cfg.level_step_ms:g} ms x its height in the tree; "
-        "a node without children flushes as soon as all its writers wait, a parent "
+        "a node flushes as soon as all its writers wait and, with children, every child "
+        "known to forward for the job has forwarded, or at its persist delay. "
         + (
-            "holds one idle writer so it flushes on its delay, with its children's forwards. "
+            "Every parent also holds one idle writer (`--idle-writer`, the old workaround), "
+            "so it flushes on its delay only. "
             if cfg.idle_writer
-            else "has no idle writer. "
+            else ""
         )
-        + "Writers are threads of the driver process; all processes share this machine's "
+        + "Writers are threads of one process per node; all processes share this machine's "
         f"{os.cpu_count()} CPU(s). "
         "Objects/ckpt: distinct object keys in the handles of one round; PUTs/ckpt: "
         "`dstl_uploads_total` over all sidecars (PutObject at the proxy for the fault "
         "configuration) per round, warm-up included; PUTs/month: PUTs/ckpt / K x 100 nodes, "
         "one flush per second, 30 days.",
         "",
+        f"![objects and latency per configuration]({png.name})"
+        if why_not is None
+        else f"(no plot: {why_not})",
+        "",
         table(results),
+        "## Flushes by trigger",
+        "",
+        "Over every sidecar, warm-up included: `all_waiting` = every writer and known child "
+        "in, `delay` = the persist delay (cap) ran out, `size` = the size threshold.",
+        "",
+        flush_table(results),
         "## CPU and memory",
         "",
         usage_table(results),
         "## Goals",
         "",
         *[f"- {'PASS' if ok else 'MISS'}: {line}" for ok, line in checks],
-        "",
-        f"![plot]({png.name})" if plotted else "(no plot: matplotlib is not installed)",
         "",
         "## Settings",
         "",

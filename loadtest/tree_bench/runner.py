@@ -57,6 +57,8 @@ class ConfigResult:
     proxy_puts: int | None = None
     latencies_ms: list[float] = field(default_factory=list)
     objects_by_round: list[int] = field(default_factory=list)
+    #: flushes over every sidecar by trigger (warm-up included): what released the objects
+    flush_triggers: dict[str, int] = field(default_factory=dict)
 
 
 def _count_bucket(s3: SeaweedS3, prefix: str) -> int:
@@ -117,7 +119,7 @@ def run_config(
         pids["driver"] = os.getpid()
         if proxy is not None:
             proxy.reset_stats()
-        hold = [bool(shape.children(i)) for i in range(shape.nodes)]
+        hold = [cfg.idle_writer and bool(shape.children(i)) for i in range(shape.nodes)]
         with WriterProcesses([p.address for p in procs], cfg, hold) as writers:
             pids.update(writers.pids)
             start = time.monotonic() + 0.5
@@ -165,6 +167,11 @@ def run_config(
     fallbacks = sum(
         v for m in metrics for k, v in m.items() if k.startswith("dstl_forward_fallbacks")
     )
+    triggers: dict[str, int] = defaultdict(int)
+    for m in metrics:
+        for k, v in m.items():
+            if k.startswith('dstl_flushes_total{trigger="'):
+                triggers[k.split('"')[1]] += int(v)
     puts_per_ckpt = (proxy_puts if proxy_puts is not None else uploads) / total_rounds
     measured_wall = max(1e-6, wall - cfg.warmup_rounds * cfg.interval_s)
     return ConfigResult(
@@ -195,6 +202,7 @@ def run_config(
         proxy_puts=proxy_puts,
         latencies_ms=lat_ms,
         objects_by_round=per_round,
+        flush_triggers=dict(triggers),
     )
 
 
@@ -216,6 +224,16 @@ def goals(results: dict[str, ConfigResult]) -> list[tuple[bool, str]]:
             (
                 tree4.p99_ms <= limit,
                 f"persist p99, fan-out 4: {tree4.p99_ms:.1f} ms <= 1.5 x direct p99 = {limit:.1f} ms",
+            )
+        )
+    faults = results.get("tree4-faults")
+    if faults is not None:
+        out.append(
+            (
+                faults.verified > 0 and not faults.mismatches,
+                f"no acknowledged loss behind the fault proxy, fan-out 4: "
+                f"{faults.verified - len(faults.mismatches)}/{faults.verified} sampled handles "
+                f"byte-exact, all {faults.persists} measured persists acknowledged",
             )
         )
     checked = sum(r.verified for r in results.values())

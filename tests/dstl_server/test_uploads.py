@@ -21,7 +21,7 @@ from dstl_server.forwarder import ForwardedSection
 from dstl_server.log import PART_OVERHEAD_BYTES, WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.throttle import MemoryBudget
-from dstl_server.uploads import BatchingScheduler, Uploads, UploadTask
+from dstl_server.uploads import FORGET_AFTER_MISSES, BatchingScheduler, Uploads, UploadTask
 from tests.fakes import MemoryUploader, sample, settings, settle
 
 # ---------------------------------------------------------------- lifecycle
@@ -445,18 +445,18 @@ async def test_children_batches_leave_when_the_last_child_arrives() -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_departed_child_costs_one_delayed_flush() -> None:
+async def test_a_departed_child_costs_two_delayed_flushes() -> None:
     up = MemoryUploader()
     metrics = ServerMetrics()
     sch = scheduler(up, writers=0, delay_s=0.05, metrics=metrics)
     await forward_round(sch, "a", "b")
     await forward_round(sch, "a", "b")  # both known now
     delayed = sample(metrics, "dstl_flushes_total", trigger="delay")
-    # b stopped forwarding: a's next flush waits the delay, and then b is forgotten
-    for _ in range(3):
+    # b stopped forwarding: a's next two flushes wait the delay, then b is forgotten
+    for _ in range(4):
         await forward_round(sch, "a")
-    assert sample(metrics, "dstl_flushes_total", trigger="delay") == delayed + 1
-    assert up.calls == 2 + 1 + 3
+    assert sample(metrics, "dstl_flushes_total", trigger="delay") == delayed + FORGET_AFTER_MISSES
+    assert up.calls == 2 + 1 + 4
     # an unnamed child is never waited for: it rides along with the next flush
     s = forwarded(b"anonymous")
     sch.submit_many([s])
@@ -464,6 +464,41 @@ async def test_a_departed_child_costs_one_delayed_flush() -> None:
     assert not s.future.done()
     (ea,) = await forward_round(sch, "a")
     assert (await s.future).object_key == ea.object_key
+
+
+@pytest.mark.asyncio
+async def test_a_delayed_flush_of_a_straggler_alone_does_not_forget_the_on_time_children() -> None:
+    up = MemoryUploader()
+    metrics = ServerMetrics()
+    sch = scheduler(up, writers=1, delay_s=0.05, metrics=metrics)
+    wl = WriterLog("job", "op", (0, 0))
+
+    async def together() -> list[HandleEntry]:
+        """The parent's writer and child c, in either order: one object."""
+        p = make_task(wl, b"p")
+        sch.submit(p)
+        await settle()
+        assert not p.future.done()  # waits for c
+        c = forwarded(b"c")
+        sch.submit_many([c], sender="c")
+        return list(await asyncio.wait_for(asyncio.gather(p.future, c.future), 5))
+
+    c = forwarded(b"c")
+    sch.submit_many([c], sender="c")  # c becomes known (waits for the writer)
+    p = make_task(wl, b"p")
+    sch.submit(p)
+    await asyncio.wait_for(asyncio.gather(c.future, p.future), 5)
+    # a late persist of the writer, after the round left: it waits the delay alone
+    late = make_task(wl, b"late")
+    sch.submit(late)
+    await asyncio.wait_for(late.future, 5)
+    assert sample(metrics, "dstl_flushes_total", trigger="delay") == 1
+    # c was on time: the next rounds still wait for it, one object each
+    for _ in range(2):
+        calls = up.calls
+        e1, e2 = await together()
+        assert up.calls == calls + 1 and e1.object_key == e2.object_key
+    assert sample(metrics, "dstl_flushes_total", trigger="delay") == 1
 
 
 @pytest.mark.asyncio
