@@ -317,3 +317,70 @@ def sample(metrics: ServerMetrics, name: str, **labels: str) -> float:
     """A metric's value; 0 when it was never set."""
     value = metrics.registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
+
+
+# ------------------------------------------------------------ job metadata
+
+import threading  # noqa: E402 - appended section: the driver's metadata store fake
+
+from dstl_client.coordinator.metadata import (  # noqa: E402
+    MetadataStore,
+    check_name,
+    check_prefix,
+)
+
+
+class MemoryMetadataStore(MetadataStore):
+    """The driver's job metadata in a dict; passes the same contract suite as the real
+    stores (``tests/dstl_client/coordinator/test_metadata_store.py``).
+
+    ``objects`` maps names to bytes; ``calls`` counts operations by name. Two
+    coordinators given one instance share it like two drivers sharing a bucket.
+    Thread-safe (one lock).
+    """
+
+    def __init__(self, url: str = "memory://job") -> None:
+        self._url = url
+        self._lock = threading.Lock()
+        self.objects: dict[str, bytes] = {}
+        self.calls: dict[str, int] = {}
+
+    def _count(self, op: str) -> None:
+        self.calls[op] = self.calls.get(op, 0) + 1
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def put_once(self, name: str, data: bytes) -> bool:
+        check_name(name)
+        with self._lock:
+            self._count("put_once")
+            if name in self.objects:
+                return False
+            self.objects[name] = bytes(data)
+            return True
+
+    def put(self, name: str, data: bytes) -> None:
+        check_name(name)
+        with self._lock:
+            self._count("put")
+            self.objects[name] = bytes(data)
+
+    def get(self, name: str) -> bytes | None:
+        check_name(name)
+        with self._lock:
+            self._count("get")
+            return self.objects.get(name)
+
+    def list(self, prefix: str = "") -> builtins.list[str]:
+        check_prefix(prefix)
+        with self._lock:
+            self._count("list")
+            return sorted(n for n in self.objects if n.startswith(prefix))
+
+    def delete(self, name: str) -> None:
+        check_name(name)
+        with self._lock:
+            self._count("delete")
+            self.objects.pop(name, None)

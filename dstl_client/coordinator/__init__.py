@@ -4,7 +4,8 @@ Names are imported lazily: tasks import :mod:`dstl_client.coordinator.messages`
 without pulling in the driver's modules (and without an import cycle).
 
 Module map (one role each): :mod:`.messages` (what driver and tasks
-exchange), :mod:`.records`, :mod:`.storage`, :mod:`.registry`,
+exchange), :mod:`.records`, :mod:`.metadata` (the job metadata store: a
+directory or S3), :mod:`.storage`, :mod:`.registry`,
 :mod:`.config`, :mod:`.batches`, :mod:`.retention`, :mod:`.cleanup`,
 :mod:`.watchdog`, :mod:`.overrides`, :mod:`.stats`, :mod:`.metrics`,
 :mod:`.coordinator` (sequences them), :mod:`.rest`, :mod:`.local`.
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from dstl_client.coordinator.messages import MatResult as MatResult
     from dstl_client.coordinator.messages import TaskResult as TaskResult
     from dstl_client.coordinator.messages import TaskStats as TaskStats
+    from dstl_client.coordinator.metadata import MetadataStore as MetadataStore
+    from dstl_client.coordinator.metadata import open_metadata_store as open_metadata_store
     from dstl_client.coordinator.overrides import (
         ConfigUpdateInProgress as ConfigUpdateInProgress,
     )
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     from dstl_client.coordinator.registry import SharedStateRegistry as SharedStateRegistry
     from dstl_client.coordinator.stats import CheckpointStats as CheckpointStats
     from dstl_client.coordinator.storage import CheckpointExists as CheckpointExists
+    from dstl_client.coordinator.storage import CheckpointMissing as CheckpointMissing
     from dstl_client.coordinator.storage import CheckpointStorage as CheckpointStorage
     from dstl_client.coordinator.watchdog import CheckpointTimedOut as CheckpointTimedOut
 
@@ -49,11 +53,14 @@ _WHERE = {
     "MatResult": "messages",
     "TaskResult": "messages",
     "TaskStats": "messages",
+    "MetadataStore": "metadata",
+    "open_metadata_store": "metadata",
     "ConfigUpdateInProgress": "overrides",
     "CheckpointRecord": "records",
     "SharedStateRegistry": "registry",
     "CheckpointStats": "stats",
     "CheckpointExists": "storage",
+    "CheckpointMissing": "storage",
     "CheckpointStorage": "storage",
     "CheckpointTimedOut": "watchdog",
 }

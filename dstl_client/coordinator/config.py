@@ -6,13 +6,15 @@
 :class:`~dstl_client.spark.options.KeyedOptions` adds the query's own options:
 both inherit the defaults instead of repeating them.
 
-Layout under a query's ``checkpoint_dir`` (the job's checkpoint metadata is
-``<checkpoint_dir>/dstl``)::
+The job's checkpoint metadata is a :class:`~.metadata.MetadataStore` at
+``metadata_url`` (a path, ``file:///...`` or ``s3://bucket/prefix``; see
+:func:`metadata_location` for the default, ``<checkpoint_dir>/dstl``). Names
+in it, the same on every kind of store::
 
-    dstl/checkpoints/ck-<batch>.json              records of operator "keyed" (the default)
-    dstl/config-overrides.json                    its REST overrides
-    dstl/operators/<operator>/checkpoints/...     the same for any other operator
-    dstl/operators/<operator>/config-overrides.json
+    checkpoints/ck-<batch, 12 digits>.json            records of operator "keyed" (the default)
+    config-overrides.json                             its REST overrides
+    operators/<operator>/checkpoints/ck-<batch>.json  the same for any other operator
+    operators/<operator>/config-overrides.json
 
 Frozen values: safe to share between threads.
 """
@@ -26,8 +28,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from dstl_client.coordinator.cleanup import DEFAULT_GRACE_S
+from dstl_client.coordinator.metadata import (
+    SUPPORTED,
+    MetadataStore,
+    check_metadata_url,
+    open_metadata_store,
+)
 from dstl_client.core.errors import ConfigError, InvalidArgument
 from dstl_client.core.keys import check_job_id
 from dstl_client.keygroups import DEFAULT_MAX_PARALLELISM, check_parallelism
@@ -37,6 +46,54 @@ from dstl_client.state.clients import ADDRESS_ENV, TOKEN_ENV
 #: the operator id of a query with one keyed operator (its files keep the original layout)
 DEFAULT_OPERATOR = "keyed"
 _OPERATOR_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: the folder of the job's checkpoint metadata in a checkpoint directory (by default)
+METADATA_FOLDER = "dstl"
+RECORDS = "checkpoints/"
+OVERRIDES = "config-overrides.json"
+OPERATORS = "operators/"
+_OTHER_RECORD = re.compile(r"^operators/([^/]+)/checkpoints/[^/]+$")
+#: a URL's scheme, as Spark (Hadoop's ``Path``) reads one: ``file:/x`` is a URL too
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+def url_scheme(location: str) -> str:
+    """The scheme of a URL (``s3a``, ``file``...), lowercase; ``""`` for a plain path."""
+    m = _URL.match(location)
+    return m.group(1).lower() if m else ""
+
+
+def join_location(base: str, name: str) -> str:
+    """``base/name``: a URL stays a URL (never through :class:`Path`), a path is joined."""
+    if url_scheme(base):
+        return f"{base.rstrip('/')}/{name}"
+    return str(Path(base) / name)
+
+
+def metadata_location(checkpoint_dir: str, metadata_url: str = "") -> str:
+    """Where the job's checkpoint metadata is: ``metadata_url``, else beside ``checkpoint_dir``.
+
+    The default is ``<checkpoint_dir>/dstl``: a path or ``file://`` URL stays
+    local; ``s3a://b/ck`` and ``s3://b/ck`` become ``s3://b/ck/dstl`` (the same
+    bucket and keys). Raises :class:`ConfigError` for a checkpoint directory
+    elsewhere (``gs://``, ``hdfs://``...) without ``metadata_url``, and for
+    an unsupported URL.
+    """
+    if metadata_url:
+        location = metadata_url
+    else:
+        scheme = url_scheme(checkpoint_dir)
+        if scheme in ("s3", "s3a"):
+            parts = urlsplit(checkpoint_dir)
+            location = f"s3://{parts.netloc}{parts.path.rstrip('/')}/{METADATA_FOLDER}"
+        elif scheme in ("", "file"):
+            location = join_location(checkpoint_dir, METADATA_FOLDER)
+        else:
+            raise ConfigError(
+                f"checkpoint_dir {checkpoint_dir!r} is on {scheme}://, where the job's "
+                f"checkpoint metadata cannot go: set metadata_url ({SUPPORTED})"
+            )
+    check_metadata_url(location)
+    return location
 
 
 def default_state_dir() -> str:
@@ -71,6 +128,13 @@ class CheckpointSettings:
     orphan_grace_s: float = DEFAULT_GRACE_S
     cache_rows: int = DEFAULT_CACHE_ROWS
     fsync: bool = True
+    #: the job's checkpoint metadata: a path, ``file:///...`` or ``s3://bucket/prefix``
+    #: (default: see :func:`metadata_location`)
+    metadata_url: str = ""
+    #: S3 endpoint of the metadata store (default: boto3's, e.g. ``$AWS_ENDPOINT_URL``)
+    metadata_s3_endpoint_url: str = ""
+    #: S3 region of the metadata store (default: boto3's, e.g. ``$AWS_REGION``)
+    metadata_s3_region: str = ""
 
     def validate_settings(self) -> None:
         if not _OPERATOR_ID.fullmatch(self.operator_id):
@@ -91,6 +155,8 @@ class CheckpointSettings:
             raise ConfigError("checkpoint_timeout_s must be > 0")
         if not self.orphan_grace_s >= 0:
             raise ConfigError("orphan_grace_s must be >= 0")
+        if self.metadata_url:
+            check_metadata_url(self.metadata_url)
 
     def settings(self) -> dict[str, Any]:
         """The values of :class:`CheckpointSettings`'s fields (for a subclass to pass on)."""
@@ -103,7 +169,8 @@ class CoordinatorConfig(CheckpointSettings):
 
     #: the job's id at the sidecar; owns the object prefix ``<job_id>/`` alone
     job_id: str
-    #: the query's checkpoint directory (records under ``<checkpoint_dir>/dstl``)
+    #: the query's checkpoint directory (a path or URL; the job's checkpoint
+    #: metadata is at ``<checkpoint_dir>/dstl`` unless ``metadata_url`` says elsewhere)
     checkpoint_dir: str
 
     def validate(self) -> None:
@@ -114,6 +181,7 @@ class CoordinatorConfig(CheckpointSettings):
         if not self.checkpoint_dir:
             raise ConfigError("checkpoint_dir is required")
         self.validate_settings()
+        metadata_location(self.checkpoint_dir, self.metadata_url)
 
     def resolved(self) -> CoordinatorConfig:
         """Unset state directory, sidecar address and token from their defaults."""
@@ -128,34 +196,43 @@ class CoordinatorConfig(CheckpointSettings):
 
     # ---------------------------------------------------------------- layout
     @property
-    def metadata_dir(self) -> Path:
-        """The job's checkpoint metadata: every keyed operator's records are below it."""
-        return Path(self.checkpoint_dir) / "dstl"
+    def metadata_location(self) -> str:
+        """The URL (or path) of the job's checkpoint metadata (:func:`metadata_location`)."""
+        return metadata_location(self.checkpoint_dir, self.metadata_url)
+
+    def open_metadata(self) -> MetadataStore:
+        """The job's metadata store (every keyed operator's records are in it)."""
+        return open_metadata_store(
+            self.metadata_location,
+            s3_endpoint_url=self.metadata_s3_endpoint_url,
+            s3_region=self.metadata_s3_region,
+            fsync=self.fsync,
+        )
 
     @property
-    def operator_dir(self) -> Path:
+    def operator_prefix(self) -> str:
+        """This operator's names start with it (``""`` for the default operator)."""
         if self.operator_id == DEFAULT_OPERATOR:
-            return self.metadata_dir
-        return self.metadata_dir / "operators" / self.operator_id
+            return ""
+        return f"{OPERATORS}{self.operator_id}/"
 
     @property
-    def records_dir(self) -> Path:
-        return self.operator_dir / "checkpoints"
+    def records_prefix(self) -> str:
+        return self.operator_prefix + RECORDS
 
     @property
-    def overrides_path(self) -> Path:
-        return self.operator_dir / "config-overrides.json"
+    def overrides_name(self) -> str:
+        return self.operator_prefix + OVERRIDES
 
-    def other_records_dirs(self) -> list[Path]:
-        """Records directories of the job's other keyed operators present on disk."""
-        out: list[Path] = []
-        default = self.metadata_dir / "checkpoints"
-        if self.operator_id != DEFAULT_OPERATOR and default.is_dir():
-            out.append(default)
-        operators = self.metadata_dir / "operators"
-        if operators.is_dir():
-            for child in sorted(operators.iterdir()):
-                records = child / "checkpoints"
-                if child.name != self.operator_id and records.is_dir():
-                    out.append(records)
+    def other_records_prefixes(self, store: MetadataStore) -> list[str]:
+        """Records prefixes of the job's other keyed operators that have records in ``store``."""
+        out: list[str] = []
+        if self.operator_id != DEFAULT_OPERATOR and store.list(RECORDS):
+            out.append(RECORDS)
+        others = set()
+        for name in store.list(OPERATORS):
+            m = _OTHER_RECORD.match(name)
+            if m and m.group(1) != self.operator_id:
+                others.add(m.group(1))
+        out.extend(f"{OPERATORS}{op}/{RECORDS}" for op in sorted(others))
         return out

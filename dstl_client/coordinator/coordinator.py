@@ -20,6 +20,12 @@ On :meth:`start`, before the first new checkpoint, it rebuilds the registry
 from the retained records and removes orphans of a crash through the
 sidecar (:class:`~dstl_client.coordinator.cleanup.OrphanSweeper`: the job's
 unreferenced objects older than ``orphan_grace_s``).
+
+Records and overrides are in the job's metadata store
+(:mod:`.metadata`, at ``metadata_url``: a directory or ``s3://``), so a
+driver restarted on another machine with an empty disk resumes from the
+last record. Two drivers of one job racing for a batch write one record:
+the other gets :class:`~.storage.CheckpointExists`.
 """
 
 from __future__ import annotations
@@ -30,7 +36,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from dstl_client.client import ChangelogClient
@@ -42,6 +47,7 @@ from dstl_client.coordinator.batches import (
 from dstl_client.coordinator.cleanup import OrphanSweeper
 from dstl_client.coordinator.config import CoordinatorConfig
 from dstl_client.coordinator.messages import BatchPlan, TaskResult
+from dstl_client.coordinator.metadata import MetadataStore
 from dstl_client.coordinator.metrics import CoordinatorMetrics
 from dstl_client.coordinator.overrides import (
     INTERVAL,
@@ -90,11 +96,15 @@ class CheckpointCoordinator:
         client: ChangelogClient | None = None,
         metrics: CoordinatorMetrics | None = None,
         sweeper: SweeperFactory | None = None,
+        metadata: MetadataStore | None = None,
     ) -> None:
         config = config.resolved()
         config.validate()
         self.config = config
-        self.storage = CheckpointStorage(config.records_dir, fsync=config.fsync)
+        #: the job's metadata store (``metadata``, else opened from the config and owned)
+        self.metadata = metadata or config.open_metadata()
+        self._own_metadata = metadata is None
+        self.storage = CheckpointStorage(self.metadata, config.records_prefix)
         self.metrics = metrics or CoordinatorMetrics(config.job_id)
         self._client = client
         self._own_client = False
@@ -102,7 +112,7 @@ class CheckpointCoordinator:
         self._lock = threading.RLock()
         self._retention = RetainedCheckpoints(config, self.storage, lambda: self.client)
         self._schedule = MaterializationSchedule()
-        self._overrides = ConfigOverrides(config.overrides_path, fsync=config.fsync)
+        self._overrides = ConfigOverrides(self.metadata, config.overrides_name)
         self._watchdog = CheckpointWatchdog(
             lambda: self.config.checkpoint_timeout_s,
             on_abort=self.metrics.checkpoint_timeouts.inc,
@@ -161,12 +171,15 @@ class CheckpointCoordinator:
         if self._own_client and self._client is not None:
             self._client.close()
             self._client = None
+        if self._own_metadata:
+            self.metadata.close()
         self.metrics.close()
 
     # ------------------------------------------------- dynamic configuration
     @property
-    def overrides_path(self) -> Path:
-        return self._overrides.path
+    def overrides_location(self) -> str:
+        """Where the REST overrides are persisted (a path or URL)."""
+        return self._overrides.location
 
     @property
     def config_update_lock(self) -> threading.Lock:
@@ -199,7 +212,7 @@ class CheckpointCoordinator:
     ) -> dict[str, Any]:
         """Change timeout and/or materialization interval of the running job.
 
-        The new values are persisted next to the checkpoint records first (so a
+        The new values are persisted in the job's metadata store first (so a
         restarted driver applies them again), then applied: a new timeout also
         governs the batch in flight (extended: it may finish; shortened below
         its elapsed time: it is aborted at once). Raises :class:`ConfigError`

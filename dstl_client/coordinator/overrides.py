@@ -2,8 +2,11 @@
 
 ``PATCH .../checkpoints/configuration`` (see :mod:`.rest`) changes the
 checkpoint timeout and the materialization interval of the running job.
-The values are kept in ``config-overrides.json`` (milliseconds, by their REST
-names) so a restarted driver applies them again.
+The values are kept in ``config-overrides.json`` of the operator in the job's
+metadata store (milliseconds, by their REST names; see
+:class:`~dstl_client.coordinator.config.CoordinatorConfig` for the layout),
+replaced atomically on every update, so a restarted driver, on this machine
+or another, applies them again.
 """
 
 from __future__ import annotations
@@ -11,10 +14,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from pathlib import Path
 
 from dstl_client.coordinator.config import CoordinatorConfig
-from dstl_client.core.atomic import write_replace
+from dstl_client.coordinator.metadata import MetadataStore
 from dstl_client.core.errors import ConfigError, DstlError
 
 TIMEOUT = "checkpointTimeout"
@@ -49,30 +51,36 @@ class ConfigOverrides:
     """The persisted overrides of one operator's checkpoint configuration.
 
     Invariants: an update is written (atomically, with
-    :func:`~dstl_client.core.atomic.write_replace`) before the caller applies
+    :meth:`~dstl_client.coordinator.metadata.MetadataStore.put`) before the caller applies
     it, so what runs is never ahead of what a restart would apply; one update
     runs at a time (``update_lock``, taken without waiting: a concurrent update
     gets :class:`ConfigUpdateInProgress`); only known fields are kept.
 
     Threads: any (REST handler threads, the driver); :meth:`update` is
-    serialised by ``update_lock``, :meth:`read` takes no lock (the file is
+    serialised by ``update_lock``, :meth:`read` takes no lock (the object is
     replaced atomically).
     """
 
-    def __init__(self, path: Path, *, fsync: bool = True) -> None:
-        self.path = path
-        self._fsync = fsync
+    def __init__(self, store: MetadataStore, name: str) -> None:
+        self.store = store
+        self.name = name
         self.update_lock = threading.Lock()
 
+    @property
+    def location(self) -> str:
+        """Where the overrides are kept (a path or URL, for messages and the REST endpoint)."""
+        return self.store.describe(self.name)
+
     def read(self) -> dict[str, int]:
-        try:
-            doc = json.loads(self.path.read_text())
-        except FileNotFoundError:
+        data = self.store.get(self.name)
+        if data is None:
             return {}
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"unreadable {self.path}: {exc}") from None
+        try:
+            doc = json.loads(data)
+        except ValueError as exc:
+            raise ConfigError(f"unreadable {self.location}: {exc}") from None
         if not isinstance(doc, dict):
-            raise ConfigError(f"unreadable {self.path}: not a JSON object")
+            raise ConfigError(f"unreadable {self.location}: not a JSON object")
         return {k: int(v) for k, v in doc.items() if k in FIELDS}
 
     def update(
@@ -89,5 +97,5 @@ class ConfigOverrides:
             check_override(name, value)
         overrides = {**self.read(), **changes}
         new = apply_overrides(config, overrides)
-        write_replace(self.path, json.dumps(overrides).encode(), fsync=self._fsync)
+        self.store.put(self.name, json.dumps(overrides).encode())
         return new, overrides

@@ -7,9 +7,10 @@ through the sidecar (``DiscardObjects``).
 
 One sidecar object holds the sections of many writers of the job, so the
 keyed operators of one job share objects: an object is discarded only when
-no record of *any* keyed operator of the job on disk (under the job's
-checkpoint metadata, see :class:`~dstl_client.coordinator.config.CoordinatorConfig`)
-refers to it, and the orphan sweep is told every operator's references.
+no record of *any* keyed operator of the job in the job's metadata store
+(listed there, see :class:`~dstl_client.coordinator.config.CoordinatorConfig`
+for the layout) refers to it, and the orphan sweep is told every operator's
+references.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import Protocol
 
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.config import CoordinatorConfig
+from dstl_client.coordinator.metadata import MetadataStore
 from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.coordinator.registry import SharedStateRegistry
-from dstl_client.coordinator.storage import CheckpointStorage
+from dstl_client.coordinator.storage import CheckpointMissing, CheckpointStorage
 from dstl_client.core.errors import ConfigError, DstlError
 
 log = logging.getLogger(__name__)
@@ -48,26 +50,41 @@ class UnreadableRecords(DstlError):
     kind = "unreadable_records"
 
 
-def records_object_keys(directory: CheckpointStorage) -> set[str]:
-    """Every object the records in ``directory`` refer to (:class:`UnreadableRecords`)."""
+def records_object_keys(records: CheckpointStorage) -> set[str]:
+    """Every object the ``records`` refer to (:class:`UnreadableRecords`)."""
     keys: set[str] = set()
-    for b in directory.batch_ids():
+    try:
+        batch_ids = records.batch_ids()
+    except DstlError as exc:
+        raise UnreadableRecords(f"{records.store.describe(records.prefix)}: {exc}") from None
+    for b in batch_ids:
         try:
-            keys |= directory.load(b).object_keys()
-        except FileNotFoundError:  # dropped meanwhile by its operator
+            keys |= records.load(b).object_keys()
+        except CheckpointMissing:  # dropped meanwhile by its operator
             continue
         except (DstlError, OSError, ValueError) as exc:
-            raise UnreadableRecords(f"{directory.path_of(b)}: {exc}") from None
+            raise UnreadableRecords(f"{records.describe(b)}: {exc}") from None
     return keys
+
+
+def other_operators_records(
+    config: CoordinatorConfig, store: MetadataStore
+) -> list[CheckpointStorage]:
+    """The records of the job's other keyed operators in ``store`` (:class:`UnreadableRecords`)."""
+    try:
+        prefixes = config.other_records_prefixes(store)
+    except DstlError as exc:
+        raise UnreadableRecords(f"{store.url}: {exc}") from None
+    return [CheckpointStorage(store, prefix) for prefix in prefixes]
 
 
 class RetainedCheckpoints:
     """The retained records of one operator and the objects they keep alive.
 
     Invariants: ``registry`` counts exactly the records in :attr:`records`
-    (oldest first, at most ``retain`` after :meth:`add`); a record file is
+    (oldest first, at most ``retain`` after :meth:`add`); a record is
     deleted before its objects are discarded; an object is discarded only
-    while no retained record of this operator and no record on disk of
+    while no retained record of this operator and no record in the store of
     another keyed operator of the job refers to it; a failed discard is
     retried at the next one.
 
@@ -110,7 +127,7 @@ class RetainedCheckpoints:
         for rec in (self.storage.load(b) for b in keep_ids):
             if rec.job_id != cfg.job_id or rec.operator_id != cfg.operator_id:
                 raise ConfigError(
-                    f"{self.storage.path_of(rec.batch_id)} belongs to job {rec.job_id!r} "
+                    f"{self.storage.describe(rec.batch_id)} belongs to job {rec.job_id!r} "
                     f"operator {rec.operator_id!r}, not {cfg.job_id!r} {cfg.operator_id!r}"
                 )
             if rec.max_parallelism != cfg.max_parallelism:
@@ -163,8 +180,8 @@ class RetainedCheckpoints:
     def job_referenced(self) -> set[str]:
         """Objects any retained record of this operator or any record of another operator uses."""
         keys = set(self.registry.referenced())
-        for directory in self.config.other_records_dirs():
-            keys |= records_object_keys(CheckpointStorage(directory, fsync=False))
+        for records in other_operators_records(self.config, self.storage.store):
+            keys |= records_object_keys(records)
         return keys
 
     def discard(self, keys: Iterable[str]) -> int:
@@ -172,12 +189,17 @@ class RetainedCheckpoints:
         todo = set(keys)
         if not todo:
             return 0
-        others = self.config.other_records_dirs()
+        try:
+            others = other_operators_records(self.config, self.storage.store)
+        except UnreadableRecords as exc:
+            log.warning("discards postponed: %s", exc)
+            self._undiscarded.update(todo)
+            return 0
         if others:
             shared: set[str] = set()
             try:
-                for directory in others:
-                    shared |= records_object_keys(CheckpointStorage(directory, fsync=False))
+                for records in others:
+                    shared |= records_object_keys(records)
             except UnreadableRecords as exc:
                 log.warning("discards postponed: %s", exc)
                 self._undiscarded.update(todo)

@@ -1,28 +1,28 @@
-"""Where checkpoint records live: a directory, one file per checkpoint.
+"""Where checkpoint records live: one object per checkpoint in the job's metadata store.
 
-``<records dir>/ck-<batch id, 12 digits>.json`` (see
-:attr:`~dstl_client.coordinator.config.CoordinatorConfig.records_dir`). A
-record is written with :func:`dstl_client.core.atomic.write_once`: a unique
-temp file, fsynced, then *hard-linked* to its final name; ``link`` fails when
-the name exists, so a record is never overwritten (a second write for the
-same batch raises :class:`CheckpointExists`), and a reader sees either no
-record or a complete one. The directory is fsynced after the link and after
-deletions.
+``<records prefix>ck-<batch id, 12 digits>.json`` in a
+:class:`~dstl_client.coordinator.metadata.MetadataStore` (the prefix is
+:attr:`~dstl_client.coordinator.config.CoordinatorConfig.records_prefix`,
+``checkpoints/`` for the default operator). A record is written with
+:meth:`~dstl_client.coordinator.metadata.MetadataStore.put_once`: a hard
+link of a complete temp file on a POSIX directory, a conditional PUT
+(``If-None-Match: *``) on S3. Either way a record is never overwritten (a
+second write for the same batch, e.g. by another driver of the job, raises
+:class:`CheckpointExists`) and a reader sees either no record or a complete
+one.
 
-The directory must be a local or shared POSIX file system (like Spark's own
-``checkpointLocation``); the state objects themselves are in the sidecar's
-blob store (``file://`` or S3).
+The records are the driver's only durable state: a driver restarted on
+another machine needs nothing but the store's URL (and credentials for S3);
+the state objects themselves are in the sidecar's blob store.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 from pathlib import Path
 
+from dstl_client.coordinator.metadata import MetadataStore, check_prefix, open_metadata_store
 from dstl_client.coordinator.records import CheckpointRecord
-from dstl_client.core.atomic import fsync_dir, is_temp_name, write_once
 from dstl_client.core.errors import DstlError
 
 _NAME = re.compile(r"^ck-(\d{12})\.json$")
@@ -35,60 +35,76 @@ class CheckpointExists(DstlError):
     kind = "checkpoint_exists"
 
 
-class CheckpointStorage:
-    """Atomic, write-once checkpoint records in a directory.
+class CheckpointMissing(DstlError):
+    """No record of this batch (never written, or deleted meanwhile)."""
 
-    Invariants: a record file, once there, is complete and never changes
-    until it is deleted; temp files are never listed as records. Not
-    thread-safe by itself: the coordinator calls it under its lock (readers
-    in other processes are safe, they see whole records or none).
+    grpc_code = "NOT_FOUND"
+    kind = "checkpoint_missing"
+
+
+class CheckpointStorage:
+    """Atomic, write-once checkpoint records under a prefix of a metadata store.
+
+    ``store`` is a :class:`~dstl_client.coordinator.metadata.MetadataStore`
+    (records under ``prefix``), or a path or URL of the records folder itself
+    (tools reading a job's records: ``CheckpointStorage(ck / "dstl" / "checkpoints")``).
+
+    Invariants: a record, once there, is complete and never changes until it
+    is deleted; temp files are never listed as records. Thread-safety: that
+    of the store (any thread); the coordinator calls it under its lock.
     """
 
-    def __init__(self, directory: str | Path, *, fsync: bool = True) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._fsync = fsync
+    def __init__(
+        self, store: MetadataStore | str | Path, prefix: str = "", *, fsync: bool = True
+    ) -> None:
+        if not isinstance(store, MetadataStore):
+            store = open_metadata_store(str(store), fsync=fsync)
+        self.store = store
+        check_prefix(prefix)
+        self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
 
-    def path_of(self, batch_id: int) -> Path:
-        return self.directory / f"ck-{batch_id:012d}.json"
+    def name_of(self, batch_id: int) -> str:
+        return f"{self.prefix}ck-{batch_id:012d}.json"
+
+    def describe(self, batch_id: int) -> str:
+        """Where the record of ``batch_id`` is (for messages)."""
+        return self.store.describe(self.name_of(batch_id))
 
     def batch_ids(self) -> list[int]:
         """Batch ids of the records present, ascending."""
         out = []
-        for name in os.listdir(self.directory):
-            m = _NAME.match(name)
+        for name in self.store.list(self.prefix):
+            m = _NAME.match(name[len(self.prefix) :])
             if m:
                 out.append(int(m.group(1)))
         return sorted(out)
 
     def exists(self, batch_id: int) -> bool:
-        return self.path_of(batch_id).exists()
+        return self.store.get(self.name_of(batch_id)) is not None
 
     def load(self, batch_id: int) -> CheckpointRecord:
-        return CheckpointRecord.from_bytes(self.path_of(batch_id).read_bytes())
+        """The record of ``batch_id``; :class:`CheckpointMissing` if there is none."""
+        data = self.store.get(self.name_of(batch_id))
+        if data is None:
+            raise CheckpointMissing(
+                f"no checkpoint record of batch {batch_id}: {self.describe(batch_id)}"
+            )
+        return CheckpointRecord.from_bytes(data)
 
-    def write(self, record: CheckpointRecord) -> Path:
-        """Write a new record; :class:`CheckpointExists` if its batch has one."""
-        final = self.path_of(record.batch_id)
-        if not write_once(final, record.to_bytes(), fsync=self._fsync):
-            raise CheckpointExists(f"checkpoint record of batch {record.batch_id} exists: {final}")
-        return final
+    def write(self, record: CheckpointRecord) -> str:
+        """Write a new record, its name; :class:`CheckpointExists` if its batch has one."""
+        name = self.name_of(record.batch_id)
+        if not self.store.put_once(name, record.to_bytes()):
+            raise CheckpointExists(
+                f"the checkpoint record of batch {record.batch_id} already exists at "
+                f"{self.store.describe(name)} (records are never overwritten): another driver "
+                f"of job {record.job_id!r} wrote it; is the query running twice?"
+            )
+        return name
 
     def delete(self, batch_id: int) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path_of(batch_id))
-        self._sync_dir()
+        self.store.delete(self.name_of(batch_id))
 
     def remove_temp_files(self) -> int:
-        """Temp files of writes a crash interrupted (and of older versions, ``.tmp-*``)."""
-        n = 0
-        for name in os.listdir(self.directory):
-            if is_temp_name(name) or name.startswith(".tmp-"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.directory / name)
-                    n += 1
-        return n
-
-    def _sync_dir(self) -> None:
-        if self._fsync:
-            fsync_dir(self.directory)
+        """Leftovers of writes a crash interrupted (file stores only; S3 leaves none)."""
+        return self.store.remove_temp_files(self.prefix)

@@ -7,6 +7,13 @@ coordinator's :class:`~dstl_client.coordinator.config.CoordinatorConfig`
 from itself. ``process_keyed(..., parallelism=2, checkpoint_dir=...)`` maps
 its keyword arguments onto these fields (:meth:`KeyedOptions.of`).
 
+``checkpoint_dir`` may be a path or a URL Spark understands (``s3a://b/ck``
+needs Hadoop's S3A jars on the classpath): it is never turned into a
+:class:`~pathlib.Path`, so a URL reaches Spark's ``checkpointLocation`` as
+written. The job's checkpoint metadata goes to ``metadata_url`` (default
+``<checkpoint_dir>/dstl``, ``s3a://`` read as ``s3://``; see
+:func:`~dstl_client.coordinator.config.metadata_location`).
+
 Frozen: safe to share between threads.
 """
 
@@ -19,11 +26,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from dstl_client.coordinator.config import (
     DEFAULT_OPERATOR,
     CheckpointSettings,
     CoordinatorConfig,
+    join_location,
+    metadata_location,
+    url_scheme,
 )
 from dstl_client.core.errors import ConfigError
 from dstl_client.keygroups import check_parallelism
@@ -36,17 +47,30 @@ _REMOVED = {
 
 
 def default_job_id(checkpoint_dir: str) -> str:
-    """A job id derived from the checkpoint directory (stable across restarts)."""
-    path = str(Path(checkpoint_dir).resolve())
-    base = re.sub(r"[^A-Za-z0-9._-]", "-", Path(path).name).strip("-.") or "job"
-    return f"{base[:100]}-{zlib.crc32(path.encode()):08x}"
+    """A job id derived from the checkpoint directory (stable across restarts).
+
+    A path (or ``file://`` URL) is made absolute with symlinks resolved; any
+    other URL is taken as written (``s3a://`` and ``s3n://`` as ``s3://``,
+    the same bucket and keys), never resolved as a local path.
+    """
+    scheme = url_scheme(checkpoint_dir)
+    if scheme in ("", "file"):
+        local = urlsplit(checkpoint_dir).path if scheme else checkpoint_dir
+        where = str(Path(local).resolve())
+    else:
+        rest = checkpoint_dir.split(":", 1)[1].rstrip("/")
+        where = f"{'s3' if scheme in ('s3a', 's3n') else scheme}:{rest}"
+    name = where.rstrip("/").rsplit("/", 1)[-1]
+    base = re.sub(r"[^A-Za-z0-9._-]", "-", name).strip("-.") or "job"
+    return f"{base[:100]}-{zlib.crc32(where.encode()):08x}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KeyedOptions(CheckpointSettings):
     """How a keyed query runs (the checkpoint tunables are inherited, with their defaults)."""
 
-    #: Spark's checkpoint (``spark/``) and the checkpoint records (``dstl/``)
+    #: Spark's checkpoint (``spark/``) and, unless ``metadata_url`` is set, the
+    #: job's checkpoint metadata (``dstl/``); a path or a URL (``s3a://...``)
     checkpoint_dir: str
     #: subtasks of the operator; may change between runs (up to ``max_parallelism``)
     parallelism: int
@@ -100,6 +124,7 @@ class KeyedOptions(CheckpointSettings):
             raise ConfigError("checkpoint_dir is required")
         check_parallelism(self.parallelism, self.max_parallelism)
         self.validate_settings()
+        metadata_location(self.checkpoint_dir, self.metadata_url)
 
     def coordinator_config(self) -> CoordinatorConfig:
         return CoordinatorConfig(
@@ -109,7 +134,7 @@ class KeyedOptions(CheckpointSettings):
         )
 
     @property
-    def spark_checkpoint_dir(self) -> Path:
-        """Spark's ``checkpointLocation`` of the query (one per keyed operator)."""
+    def spark_checkpoint_dir(self) -> str:
+        """Spark's ``checkpointLocation`` of the query (one per keyed operator); a URL stays one."""
         name = "spark" if self.operator_id == DEFAULT_OPERATOR else f"spark-{self.operator_id}"
-        return Path(self.checkpoint_dir) / name
+        return join_location(self.checkpoint_dir, name)

@@ -8,7 +8,9 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from dstl_client.coordinator.config import url_scheme
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.rest import CheckpointConfigServer
 from dstl_client.coordinator.stats import CheckpointStats
@@ -96,9 +98,17 @@ class DstlQuery:
         return self.query.awaitTermination(None if timeout_s is None else int(timeout_s))  # type: ignore[no-any-return]
 
 
-def source_progress(spark_checkpoint: Path, batch_id: int) -> Any:
-    """Spark's offsets log entry of the batch (what input the checkpoint covers)."""
-    path = spark_checkpoint / "offsets" / str(batch_id)
+def source_progress(spark_checkpoint: str | Path, batch_id: int) -> Any:
+    """Spark's offsets log entry of the batch (what input the checkpoint covers).
+
+    Read from a local (or ``file://``) checkpoint location only; on any other
+    file system (``s3a://``...) it is ``None``: the record goes without it.
+    """
+    location = str(spark_checkpoint)
+    scheme = url_scheme(location)
+    if scheme not in ("", "file"):
+        return None
+    path = Path(urlsplit(location).path if scheme else location) / "offsets" / str(batch_id)
     try:
         lines = path.read_text().splitlines()
     except OSError:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from dstl_client.state import INT64, TupleSerializer
+from tests.e2e._harness import crash_at
 
 AGG: TupleSerializer[Any] = TupleSerializer(INT64, INT64)
 OUTPUT_SCHEMA = "k string, count long, total long"
@@ -128,16 +128,15 @@ def main() -> int:
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--until-batch", type=int, required=True)
     p.add_argument("--crash", default="", help="phase:batch -> SIGKILL the driver there")
+    p.add_argument("--job-id", default="e2e-crash")
+    # the job's checkpoint metadata elsewhere (s3://...; default: under --checkpoint-dir)
+    p.add_argument("--metadata-url", default="")
+    p.add_argument("--metadata-s3-endpoint-url", default="")
+    p.add_argument("--metadata-s3-region", default="")
     args = p.parse_args()
     from dstl_client.spark import process_keyed
 
-    crash_phase, _, crash_batch = args.crash.partition(":")
-
-    def on_phase(phase: str, batch_id: int) -> None:
-        if phase == crash_phase and batch_id == int(crash_batch):
-            print(f"crashing at {phase} of batch {batch_id}", flush=True)
-            os.killpg(os.getpgid(0), signal.SIGKILL)
-
+    on_phase = crash_at(args.crash)
     spark = session()
     df = (
         spark.readStream.schema("k string, v long")
@@ -152,7 +151,10 @@ def main() -> int:
         parallelism=args.parallelism,
         max_parallelism=MAX_P,
         checkpoint_dir=args.checkpoint_dir,
-        job_id="e2e-crash",
+        job_id=args.job_id,
+        metadata_url=args.metadata_url,
+        metadata_s3_endpoint_url=args.metadata_s3_endpoint_url,
+        metadata_s3_region=args.metadata_s3_region,
         dstl_address=args.address,
         state_dir=args.state_dir,
         # nothing else of the job runs: every unreferenced object is an orphan of a crash

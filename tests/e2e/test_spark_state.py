@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +10,13 @@ import pytest
 
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.local import checkpoint_rows
+from dstl_client.coordinator.metadata import open_metadata_store
 from dstl_client.coordinator.storage import CheckpointStorage
 from dstl_client.spark import process_keyed
 from dstl_server.testing import ServerProcess
+from dstl_server.testing_s3 import SeaweedS3
 from tests.e2e._faults import FailAfterCommit
+from tests.e2e._harness import run_driver as run_job
 from tests.e2e._spark_job import (
     MAX_P,
     OUTPUT_COLUMNS,
@@ -32,7 +31,6 @@ from tests.e2e._spark_job import (
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 ROWS, KEYS = 2000, 700
 
 
@@ -59,27 +57,28 @@ def final_state(checkpoint_dir: Path, address: str) -> dict[str, tuple[int, int]
         return decode_state(checkpoint_rows(storage.load(storage.batch_ids()[-1]), client))
 
 
-def run_driver(tmp: Path, sidecar: ServerProcess, until: int, crash: str = "") -> int:
-    cmd = [sys.executable, "-m", "tests.e2e._spark_job"]
-    for name, value in {
+def run_driver(
+    tmp: Path,
+    sidecar: ServerProcess,
+    until: int,
+    crash: str = "",
+    *,
+    state_dir: Path | None = None,
+    extra: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+) -> int:
+    """One driver process of ``tests.e2e._spark_job``; ``extra``: more of its options."""
+    options = {
         "checkpoint-dir": tmp / "ckpt",
         "address": sidecar.address,
-        "state-dir": tmp / "state",
+        "state-dir": state_dir or tmp / "state",
         "input-dir": tmp / "input",
         "out-dir": tmp / "out",
         "until-batch": until,
         "crash": crash,
-    }.items():
-        cmd += [f"--{name}", str(value)]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
-    try:
-        return proc.wait(timeout=280)
-    finally:
-        # the driver's JVM is in its process group: reap everything, crash or not
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        **(extra or {}),
+    }
+    return run_job("tests.e2e._spark_job", options, env=env)
 
 
 def test_driver_kills_at_every_point_give_the_failure_free_results(
@@ -107,6 +106,50 @@ def test_driver_kills_at_every_point_give_the_failure_free_results(
     want_state, want_outputs = expected(batches, ROWS, KEYS)
     assert final_state(tmp_path / "ckpt", sidecar.address) == want_state
     # the idempotent sink saw every batch's output exactly as a failure-free run would
+    assert read_outputs(tmp_path / "out") == want_outputs
+
+
+@pytest.mark.s3
+def test_a_driver_restarted_on_a_fresh_machine_resumes_from_metadata_in_s3(
+    tmp_path: Path, sidecar: ServerProcess, weed_s3: SeaweedS3, s3_prefix: str
+) -> None:
+    """The job metadata in S3: the second driver has none of the first one's local disk."""
+    batches, rows, keys = 4, 600, 200
+    write_input(tmp_path / "input", 0, batches - 1, rows, keys)
+    url = f"s3://{weed_s3.bucket}/{s3_prefix}/dstl"
+    options = {
+        "job-id": "e2e-s3-metadata",
+        "metadata-url": url,
+        "metadata-s3-endpoint-url": weed_s3.endpoint_url,
+        "metadata-s3-region": weed_s3.region,
+    }
+    env = weed_s3.env()  # the AWS credential variables (boto3's default chain)
+    # kill -9 after batch 1's record is in S3, before Spark committed batch 1
+    first = run_driver(
+        tmp_path, sidecar, 3, "recorded:1", state_dir=tmp_path / "node-a", extra=options, env=env
+    )
+    assert first == -signal.SIGKILL
+    assert not (tmp_path / "ckpt" / "dstl").exists()  # no metadata on the local disk
+    # another machine: an empty state directory; only Spark's own checkpoint is kept
+    second = run_driver(tmp_path, sidecar, 3, state_dir=tmp_path / "node-b", extra=options, env=env)
+    assert second == 0
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        store = open_metadata_store(
+            url, s3_endpoint_url=weed_s3.endpoint_url, s3_region=weed_s3.region
+        )
+    try:
+        records = CheckpointStorage(store, "checkpoints/")
+        assert records.batch_ids() == [2, 3]
+        last = records.load(3)
+    finally:
+        store.close()
+    with ChangelogClient(sidecar.address) as client:
+        state = decode_state(checkpoint_rows(last, client))
+    want_state, want_outputs = expected(batches, rows, keys)
+    assert state == want_state
+    # batch 1 was recorded, not committed: the restart skipped it (its record was in S3)
     assert read_outputs(tmp_path / "out") == want_outputs
 
 

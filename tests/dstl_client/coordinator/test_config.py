@@ -10,6 +10,7 @@ import pytest
 
 from dstl_client.coordinator.config import CheckpointSettings, CoordinatorConfig
 from dstl_client.coordinator.messages import TaskResult, TaskStats
+from dstl_client.coordinator.metadata import FileMetadataStore
 from dstl_client.coordinator.stats import CheckpointStats
 from dstl_client.core.errors import ConfigError
 from dstl_client.spark.options import KeyedOptions, default_job_id
@@ -45,19 +46,76 @@ def test_unknown_and_missing_keywords_are_refused() -> None:
 
 
 def test_layout_of_the_default_and_other_operators(tmp_path: Path) -> None:
-    keyed = CoordinatorConfig(job_id="j", checkpoint_dir=str(tmp_path))
+    keyed = CoordinatorConfig(job_id="j", checkpoint_dir=str(tmp_path), fsync=False)
     other = dataclasses.replace(keyed, operator_id="other")
-    assert keyed.records_dir == tmp_path / "dstl" / "checkpoints"
-    assert keyed.overrides_path == tmp_path / "dstl" / "config-overrides.json"
-    assert other.records_dir == tmp_path / "dstl" / "operators" / "other" / "checkpoints"
-    assert keyed.other_records_dirs() == [] and other.other_records_dirs() == []
-    keyed.records_dir.mkdir(parents=True)
-    other.records_dir.mkdir(parents=True)
-    assert keyed.other_records_dirs() == [other.records_dir]
-    assert other.other_records_dirs() == [keyed.records_dir]
+    assert keyed.metadata_location == str(tmp_path / "dstl")
+    assert keyed.records_prefix == "checkpoints/"
+    assert keyed.overrides_name == "config-overrides.json"
+    assert other.records_prefix == "operators/other/checkpoints/"
+    assert other.overrides_name == "operators/other/config-overrides.json"
+    store = keyed.open_metadata()
+    assert isinstance(store, FileMetadataStore) and store.root == tmp_path / "dstl"
+    assert keyed.other_records_prefixes(store) == [] and other.other_records_prefixes(store) == []
+    store.put("checkpoints/ck-000000000001.json", b"{}")
+    store.put("operators/other/config-overrides.json", b"{}")  # overrides alone: no records
+    assert other.other_records_prefixes(store) == ["checkpoints/"]
+    assert keyed.other_records_prefixes(store) == []
+    store.put("operators/other/checkpoints/ck-000000000001.json", b"{}")
+    store.put("operators/third/checkpoints/ck-000000000002.json", b"{}")
+    assert keyed.other_records_prefixes(store) == [
+        other.records_prefix,
+        "operators/third/checkpoints/",
+    ]
+    assert other.other_records_prefixes(store) == ["checkpoints/", "operators/third/checkpoints/"]
+    # the files are where they always were
+    assert (tmp_path / "dstl" / "operators" / "other" / "checkpoints").is_dir()
     opts = KeyedOptions(checkpoint_dir=str(tmp_path), parallelism=1)
-    assert opts.spark_checkpoint_dir == tmp_path / "spark"
-    assert dataclasses.replace(opts, operator_id="b").spark_checkpoint_dir == tmp_path / "spark-b"
+    assert opts.spark_checkpoint_dir == str(tmp_path / "spark")
+    assert dataclasses.replace(opts, operator_id="b").spark_checkpoint_dir == str(
+        tmp_path / "spark-b"
+    )
+
+
+def test_a_checkpoint_dir_url_is_never_mangled_into_a_path() -> None:
+    opts = KeyedOptions(checkpoint_dir="s3a://bucket/ck/", parallelism=1)
+    opts.validate()
+    assert opts.spark_checkpoint_dir == "s3a://bucket/ck/spark"
+    cfg = opts.coordinator_config()
+    # s3a:// is Hadoop's name for the same bucket: the metadata goes there through s3://
+    assert cfg.metadata_location == "s3://bucket/ck/dstl"
+    assert cfg.job_id == default_job_id("s3://bucket/ck") and cfg.job_id.startswith("ck-")
+    assert default_job_id("s3a://bucket/ck") != default_job_id("s3a://bucket/other/ck")
+    # a file:// URL is the same job as its path; a path is resolved
+    assert default_job_id("file:///data/ck") == default_job_id("/data/ck")
+    assert default_job_id("/data/x/../ck") == default_job_id("/data/ck")
+    explicit = dataclasses.replace(opts, metadata_url="s3://meta/job1").coordinator_config()
+    assert explicit.metadata_location == "s3://meta/job1"
+    local = KeyedOptions(checkpoint_dir="file:///data/ck", parallelism=1)
+    assert local.spark_checkpoint_dir == "file:///data/ck/spark"
+    assert local.coordinator_config().metadata_location == "file:///data/ck/dstl"
+
+
+@pytest.mark.parametrize(
+    ("checkpoint_dir", "metadata_url", "message"),
+    [
+        ("gs://bucket/ck", "", r"on gs://.*set metadata_url"),
+        ("hdfs://nn/ck", "", r"on hdfs://.*set metadata_url"),
+        ("/c", "s3a://bucket/ck", r"Hadoop's scheme.*s3://bucket/ck"),
+        ("/c", "gs://bucket/ck", r"unsupported job metadata URL"),
+        ("/c", "file://relative/dir", r"absolute path"),
+    ],
+)
+def test_unsupported_locations_fail_while_the_query_is_set_up(
+    checkpoint_dir: str, metadata_url: str, message: str
+) -> None:
+    opts = KeyedOptions(checkpoint_dir=checkpoint_dir, parallelism=1, metadata_url=metadata_url)
+    with pytest.raises(ConfigError, match=message):
+        opts.validate()
+    with pytest.raises(ConfigError, match=message):
+        opts.coordinator_config().validate()
+    # a URL elsewhere is fine once the metadata has a supported home
+    if not metadata_url:
+        dataclasses.replace(opts, metadata_url="s3://bucket/meta").validate()
 
 
 def _result(index: int, stats: TaskStats, mat_error: str = "") -> TaskResult:

@@ -209,7 +209,7 @@ def test_two_keyed_operators_of_one_job_keep_each_others_objects(
         )
 
     a, b = start("keyed"), start("other")
-    assert a.config.records_dir != b.config.records_dir
+    assert a.config.records_prefix != b.config.records_prefix
     for batch in range(4):
         assert runner(a, 2, client).run_batch(batch, BATCHES[batch]) is not None
         assert runner(b, 1, client).run_batch(batch, BATCHES[batch + 1]) is not None

@@ -18,7 +18,11 @@ from dstl_client.coordinator.records import (
     next_record,
 )
 from dstl_client.coordinator.registry import SharedStateRegistry
-from dstl_client.coordinator.storage import CheckpointExists, CheckpointStorage
+from dstl_client.coordinator.storage import (
+    CheckpointExists,
+    CheckpointMissing,
+    CheckpointStorage,
+)
 from dstl_client.core.atomic import is_temp_name
 from dstl_client.core.errors import InvalidArgument
 from dstl_client.core.handle import ChangelogHandle, HandleEntry
@@ -183,13 +187,20 @@ def test_records_are_written_once_and_atomically(tmp_path: Path) -> None:
     store.write(_record(3))
     store.write(_record(12))
     assert store.batch_ids() == [3, 12]
-    assert store.load(3) == _record(3).__class__.from_bytes(store.path_of(3).read_bytes())
-    original = store.path_of(3).read_bytes()
-    with pytest.raises(CheckpointExists):
+    path = tmp_path / store.name_of(3)
+    assert store.load(3) == _record(3).__class__.from_bytes(path.read_bytes())
+    assert store.describe(3) == str(path)
+    original = path.read_bytes()
+    with pytest.raises(CheckpointExists, match="another driver"):
         store.write(_record(3))
-    assert store.path_of(3).read_bytes() == original
+    assert path.read_bytes() == original
     assert not [n for n in os.listdir(tmp_path) if is_temp_name(n) or n.startswith(".tmp-")]
     (tmp_path / ".tmp-crashed").write_bytes(b"half")
-    assert store.remove_temp_files() == 1
+    (tmp_path / ".ck-000000000013.json.0123456789ab.tmp-dstl").write_bytes(b"half")
+    assert store.batch_ids() == [3, 12]  # temp files are never records
+    assert store.remove_temp_files() == 2
     store.delete(3)
     assert store.batch_ids() == [12]
+    with pytest.raises(CheckpointMissing):
+        store.load(3)
+    store.delete(3)  # deleting a missing record is fine

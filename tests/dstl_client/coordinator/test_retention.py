@@ -56,7 +56,7 @@ def record(cfg: CoordinatorConfig, batch: int, *objects: str) -> CheckpointRecor
 
 
 def retention(cfg: CoordinatorConfig, client: FakeClient) -> RetainedCheckpoints:
-    storage = CheckpointStorage(cfg.records_dir, fsync=False)
+    storage = CheckpointStorage(cfg.open_metadata(), cfg.records_prefix)
     return RetainedCheckpoints(cfg, storage, lambda: cast(ChangelogClient, client))
 
 
@@ -65,11 +65,15 @@ def test_an_object_another_operator_uses_is_not_discarded(tmp_path: Path) -> Non
     client = FakeClient()
     ours = retention(mine, client)
     ours.load()
-    assert other.other_records_dirs() == [mine.records_dir]
+    ours.storage.write(record(mine, 9, "x"))  # listed by the other operator once it has records
+    assert other.other_records_prefixes(ours.storage.store) == [mine.records_prefix]
+    ours.storage.delete(9)
     # object "shared" holds sections of both operators' writers (one flush of the job)
     ours.storage.write(r0 := record(mine, 0, "shared", "a0"))
     ours.add(r0)
-    CheckpointStorage(other.records_dir, fsync=False).write(record(other, 0, "shared", "b0"))
+    CheckpointStorage(ours.storage.store, other.records_prefix).write(
+        record(other, 0, "shared", "b0")
+    )
     r1 = record(mine, 1, "a1")
     ours.storage.write(r1)
     assert ours.add(r1) == 1  # batch 0 dropped: "a0" goes, "shared" stays
@@ -103,14 +107,14 @@ def test_an_unreadable_record_of_another_operator_postpones_discards(tmp_path: P
     client = FakeClient()
     ret = retention(mine, client)
     ret.load()
-    other.records_dir.mkdir(parents=True)
-    (other.records_dir / "ck-000000000000.json").write_text("{not json")
+    bad = CheckpointStorage(ret.storage.store, other.records_prefix).name_of(0)
+    ret.storage.store.put(bad, b"{not json")
     for batch in range(2):
         rec = record(mine, batch, f"o{batch}")
         ret.storage.write(rec)
         ret.add(rec)
     assert client.discarded == []
-    (other.records_dir / "ck-000000000000.json").unlink()
+    ret.storage.store.delete(bad)
     rec = record(mine, 2, "o2")
     ret.storage.write(rec)
     ret.add(rec)
