@@ -1,0 +1,741 @@
+"""Read the state of a retained checkpoint: Python records, or a Spark DataFrame.
+
+The counterpart of Spark's ``statestore`` data source
+(``spark.read.format("statestore").load(checkpointLocation)``) for keyed
+state on the DSTL. Offline: no query needs to run, but a sidecar must be
+reachable, since the state objects are read through it
+(:class:`~dstl_client.client.ChangelogClient`; no storage credentials)::
+
+    from dstl_client.spark.state_reader import StateSpec, read_state
+
+    df = read_state(
+        spark,
+        checkpoint_dir="/ckpt/clicks",       # the query's checkpointLocation
+        dstl_address="localhost:7000",       # default: $DSTL_ADDRESS
+        serializers={                        # optional, per state name
+            "total": INT64,                  # a value (or reducing) state
+            "recent": StateSpec.list_state(INT64),
+            "pages": StateSpec.map_state(STR, INT64),
+        },
+    )
+    df.where("state_name = 'pages'").show()
+
+:func:`read_state` (a DataFrame) and :func:`iter_state_rows` (a generator of
+:class:`StateRow`, no Spark needed) take the same arguments:
+
+* where: ``checkpoint_dir`` (the job's metadata is at ``<checkpoint_dir>/dstl``)
+  or ``metadata_url`` (a path, ``file:///...`` or ``s3://bucket/prefix``, as the
+  query's ``metadata_url``; S3 credentials from boto3's default chain, endpoint
+  and region overridable), ``operator_id`` (default ``"keyed"``) and
+  ``batch_id`` (default: the latest retained checkpoint).
+* the sidecar: ``dstl_address`` / ``dstl_token`` (default ``$DSTL_ADDRESS`` /
+  ``$DSTL_TOKEN``; ``$DSTL_CA_FILE`` turns on TLS, as for tasks).
+* ``serializers``: per state name a
+  :class:`~dstl_client.state.serializers.Serializer` (a value or reducing
+  state, or the values of a map state) or a :class:`StateSpec` (the kind of
+  state and its serializers). States not named keep raw bytes.
+* ``key_groups``: only these key groups (default: all).
+
+**Rows.** One per stored row of the checkpoint: one per key and value, list
+or reducing state, one per key and *entry* of a map state. Columns (the
+DataFrame's, and :class:`StateRow`'s fields):
+
+==================  ========  ===================================================
+``key_group``       int       the key's group
+``key``             string    the key (its bytes as UTF-8; invalid bytes escaped)
+``state_name``      string    the state's name
+``state_kind``      string    ``value``, ``list``, ``map`` or ``reducing``; null
+                              when unknown (see below)
+``user_key``        string    a map entry's key, decoded, as JSON text; null for
+                              other states or without a key serializer
+``value``           string    the decoded value as JSON text (tuples and lists as
+                              arrays, a list state's elements as an array; what
+                              JSON cannot hold as its ``repr``); null without a
+                              serializer
+``user_key_bytes``  binary    a map entry's key as stored
+``value_bytes``     binary    the value as stored (a list's elements
+                              length-prefixed, see :mod:`dstl_client.state.changes`)
+==================  ========  ===================================================
+
+A row key says which state and key it belongs to, and whether it is a map
+entry, but not whether a single row is a value, a list or a reducing state
+(they are stored alike): ``state_kind`` is ``"map"`` for map entries, the
+kind a :class:`StateSpec` names, ``"value"`` for a bare serializer, and null
+for other states. A serializer that cannot decode a row, or a spec whose kind
+contradicts the rows (a map spec for a single row, or the reverse), raises
+:class:`~dstl_client.core.errors.InvalidArgument` naming the state, key and
+key group. Decoded values are JSON text in the DataFrame because one column
+cannot take every state's type: ``F.from_json("value", "array<long>")``
+gives typed columns back; :class:`StateRow` holds the Python objects.
+
+**Errors.** :class:`~dstl_client.coordinator.storage.CheckpointMissing`, with
+what there is instead: no checkpoint records at the location, an operator the
+job does not have (the known ones listed), a batch not retained (the retained
+ones listed; older checkpoints were dropped with their objects). Raised by
+:func:`read_state` in the caller's process, before Spark plans anything.
+
+**How the DataFrame is built, and why.** :func:`read_state` resolves the
+checkpoint record in the caller's process, then reads through a Python data
+source (``dstl_state``, :class:`StateDataSource`): its partitions are slices of
+the key groups; each Spark task restores its key groups from the sidecar into
+a scratch SQLite store on the executor's disk (the code path of a task's
+recovery, :func:`~dstl_client.state.restore.restore_range`) and streams them
+out as Arrow batches of :data:`CHUNK_ROWS` rows. So no process holds more than
+a chunk of rows in memory (nor a scratch store of more than
+:data:`RESTORE_KEY_GROUPS` key groups on disk), the read is spread over the
+executors, and nothing is left to clean up. Building it from driver-side
+chunks (``createDataFrame`` and ``union``) keeps every row in the driver's
+JVM; a temporary Parquet copy needs a location every executor can read and
+someone to delete it. The price: the DataFrame is evaluated per action, each
+re-reading from the sidecar, so ``.cache()`` it when it is queried more than
+once, and a checkpoint dropped by a running query meanwhile (``retain``)
+fails the next action. The executors reach the sidecar of their node
+(``$DSTL_ADDRESS``) or else the given address, like the job's tasks.
+
+The data source can be used directly too, like ``statestore``, with raw
+bytes only (serializers are Python objects, options are strings)::
+
+    spark.dataSource.register(StateDataSource)
+    spark.read.format("dstl_state").option("batchId", 7).load("/ckpt/clicks")
+
+(options ``metadataUrl``, ``operatorId``, ``batchId``, ``dstlAddress``,
+``keyGroups`` (``"0-15,31"``); the token from ``$DSTL_TOKEN``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dstl_client.client import ChangelogClient
+from dstl_client.coordinator.config import (
+    DEFAULT_OPERATOR,
+    OPERATORS,
+    RECORDS,
+    metadata_location,
+)
+from dstl_client.coordinator.metadata import (
+    MetadataStore,
+    check_metadata_url,
+    open_metadata_store,
+)
+from dstl_client.coordinator.records import CheckpointRecord
+from dstl_client.coordinator.storage import CheckpointMissing, CheckpointStorage
+from dstl_client.core.errors import ConfigError, InvalidArgument
+from dstl_client.keygroups import KeyGroupRange
+from dstl_client.state.changes import MAP_TAG, decode_state_key, iter_elements
+from dstl_client.state.clients import ADDRESS_ENV, STATE_DIR_ENV, TOKEN_ENV, shared_client
+from dstl_client.state.restore import restore_range
+from dstl_client.state.serializers import Serializer
+from dstl_client.state.store import LocalKeyedStore
+
+__all__ = [
+    "CHUNK_ROWS",
+    "FORMAT",
+    "RESTORE_KEY_GROUPS",
+    "SCHEMA_DDL",
+    "StateRow",
+    "StateSpec",
+    "iter_record_rows",
+    "iter_state_rows",
+    "load_checkpoint",
+    "read_state",
+    "retained_checkpoints",
+]
+
+#: the data source's short name (``spark.read.format(FORMAT)``)
+FORMAT = "dstl_state"
+#: rows per Arrow batch a Spark task sends
+CHUNK_ROWS = 4096
+#: key groups restored into one scratch store at a time (bounds its disk use)
+RESTORE_KEY_GROUPS = 64
+#: the DataFrame's columns
+SCHEMA_DDL = (
+    "key_group int, key string, state_name string, state_kind string, user_key string, "
+    "value string, user_key_bytes binary, value_bytes binary"
+)
+KINDS = ("value", "list", "map", "reducing")
+
+
+# ------------------------------------------------------------ what to decode
+
+
+@dataclass(frozen=True, slots=True)
+class StateSpec:
+    """How one state is decoded: its kind and serializers (build with the class methods)."""
+
+    kind: str
+    serializer: Serializer[Any]
+    #: a map state's key serializer
+    key_serializer: Serializer[Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise InvalidArgument(f"unknown state kind {self.kind!r}: one of {', '.join(KINDS)}")
+        if (self.kind == "map") != (self.key_serializer is not None):
+            raise InvalidArgument("a key serializer is for map states, and a map state needs one")
+
+    @classmethod
+    def value_state(cls, serializer: Serializer[Any]) -> StateSpec:
+        return cls("value", serializer)
+
+    @classmethod
+    def list_state(cls, serializer: Serializer[Any]) -> StateSpec:
+        """A list state: ``serializer`` decodes each element."""
+        return cls("list", serializer)
+
+    @classmethod
+    def map_state(
+        cls, key_serializer: Serializer[Any], value_serializer: Serializer[Any]
+    ) -> StateSpec:
+        return cls("map", value_serializer, key_serializer)
+
+    @classmethod
+    def reducing_state(cls, serializer: Serializer[Any]) -> StateSpec:
+        return cls("reducing", serializer)
+
+
+def _specs(
+    serializers: Mapping[str, Serializer[Any] | StateSpec] | None,
+) -> dict[str, StateSpec | Serializer[Any]]:
+    out: dict[str, StateSpec | Serializer[Any]] = {}
+    for name, s in (serializers or {}).items():
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(
+                f"serializers: a state name must be a non-empty str, not {name!r}"
+            )
+        if not isinstance(s, StateSpec) and not callable(getattr(s, "loads", None)):
+            raise InvalidArgument(
+                f"serializers[{name!r}]: {s!r} is neither a Serializer (with loads) nor a StateSpec"
+            )
+        out[name] = s
+    return out
+
+
+# ------------------------------------------------------------------- rows
+
+
+@dataclass(frozen=True, slots=True)
+class StateRow:
+    """One stored row of a checkpoint's state, decoded as far as the serializers given allow."""
+
+    key_group: int
+    #: the key's bytes as UTF-8 (invalid bytes backslash-escaped)
+    key: str
+    state_name: str
+    #: ``value``, ``list``, ``map``, ``reducing``; ``None`` when the rows cannot tell
+    state_kind: str | None
+    #: a map entry's key: decoded, or its bytes without a key serializer; ``None`` otherwise
+    user_key: Any
+    #: decoded (a list state's elements as a list), or the stored bytes without a serializer
+    value: Any
+    key_bytes: bytes
+    user_key_bytes: bytes | None
+    value_bytes: bytes
+    user_key_decoded: bool = False
+    value_decoded: bool = False
+
+    @property
+    def user_key_json(self) -> str | None:
+        """The decoded map key as JSON text (the DataFrame's ``user_key``)."""
+        return _json_text(self.user_key) if self.user_key_decoded else None
+
+    @property
+    def value_json(self) -> str | None:
+        """The decoded value as JSON text (the DataFrame's ``value``)."""
+        return _json_text(self.value) if self.value_decoded else None
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        """The DataFrame's columns, in :data:`SCHEMA_DDL` order."""
+        return (
+            self.key_group,
+            self.key,
+            self.state_name,
+            self.state_kind,
+            self.user_key_json,
+            self.value_json,
+            self.user_key_bytes,
+            self.value_bytes,
+        )
+
+
+def _json_text(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr)
+    except (TypeError, ValueError):  # e.g. a dict with tuple keys
+        return json.dumps(repr(value), ensure_ascii=False)
+
+
+def _decode(ser: Serializer[Any], data: bytes, what: str) -> Any:
+    try:
+        return ser.loads(data)
+    except Exception as exc:
+        raise InvalidArgument(f"{what}: cannot decode with {ser!r}: {exc}") from exc
+
+
+def _state_row(
+    kg: int, k: bytes, v: bytes, specs: Mapping[str, StateSpec | Serializer[Any]]
+) -> StateRow:
+    name, key, suffix = decode_state_key(k)
+    is_entry = suffix[:1] == MAP_TAG
+    user_key_bytes = suffix[1:] if is_entry else None
+    key_text = key.decode("utf-8", "backslashreplace")
+    what = f"state {name!r} of key {key_text!r} (key group {kg})"
+    spec = specs.get(name)
+    kind: str | None = "map" if is_entry else None
+    user_key: Any = user_key_bytes
+    value: Any = v
+    user_key_decoded = value_decoded = False
+    if isinstance(spec, StateSpec):
+        if is_entry != (spec.kind == "map"):
+            found = "a map entry" if is_entry else "a single row (value, list or reducing)"
+            raise InvalidArgument(f"{what} is {found}, not a {spec.kind} state as the spec says")
+        kind = spec.kind
+        if spec.kind == "list":
+            value = [
+                _decode(spec.serializer, e, f"{what}, element {i}")
+                for i, e in enumerate(iter_elements(v))
+            ]
+        else:
+            value = _decode(spec.serializer, v, what)
+        value_decoded = True
+        if spec.key_serializer is not None and user_key_bytes is not None:
+            user_key = _decode(spec.key_serializer, user_key_bytes, f"{what}, map key")
+            user_key_decoded = True
+    elif spec is not None:
+        kind = kind or "value"
+        value = _decode(spec, v, what)
+        value_decoded = True
+    return StateRow(
+        key_group=kg,
+        key=key_text,
+        state_name=name,
+        state_kind=kind,
+        user_key=user_key,
+        value=value,
+        key_bytes=key,
+        user_key_bytes=user_key_bytes,
+        value_bytes=v,
+        user_key_decoded=user_key_decoded,
+        value_decoded=value_decoded,
+    )
+
+
+# -------------------------------------------------------- finding a record
+
+
+def _records_prefixes(store: MetadataStore) -> dict[str, str]:
+    """``{operator id: records prefix}`` of every operator with a record in ``store``."""
+    out: dict[str, str] = {}
+    if CheckpointStorage(store, RECORDS).batch_ids():
+        out[DEFAULT_OPERATOR] = RECORDS
+    for name in store.list(OPERATORS):
+        parts = name.split("/")
+        if len(parts) == 4 and parts[2] == RECORDS.rstrip("/") and parts[1] not in out:
+            prefix = f"{OPERATORS}{parts[1]}/{RECORDS}"
+            if CheckpointStorage(store, prefix).batch_ids():
+                out[parts[1]] = prefix
+    return out
+
+
+def _location(checkpoint_dir: str | None, metadata_url: str | None) -> str:
+    if not checkpoint_dir and not metadata_url:
+        raise ConfigError(
+            "where is the checkpoint? give checkpoint_dir (the query's checkpointLocation) "
+            "or metadata_url (its job metadata)"
+        )
+    return metadata_location(checkpoint_dir or "", metadata_url or "")
+
+
+def retained_checkpoints(
+    *,
+    checkpoint_dir: str | None = None,
+    metadata_url: str | None = None,
+    metadata_s3_endpoint_url: str = "",
+    metadata_s3_region: str = "",
+) -> dict[str, list[int]]:
+    """``{operator id: retained batch ids, ascending}`` of the job at that location."""
+    location = _location(checkpoint_dir, metadata_url)
+    kind, path, _ = check_metadata_url(location)
+    if kind == "file" and not Path(path).is_dir():
+        return {}  # opening a file store would create the directory
+    store = open_metadata_store(
+        location, s3_endpoint_url=metadata_s3_endpoint_url, s3_region=metadata_s3_region
+    )
+    try:
+        return {
+            op: CheckpointStorage(store, prefix).batch_ids()
+            for op, prefix in sorted(_records_prefixes(store).items())
+        }
+    finally:
+        store.close()
+
+
+def load_checkpoint(
+    *,
+    checkpoint_dir: str | None = None,
+    metadata_url: str | None = None,
+    operator_id: str = DEFAULT_OPERATOR,
+    batch_id: int | None = None,
+    metadata_s3_endpoint_url: str = "",
+    metadata_s3_region: str = "",
+) -> CheckpointRecord:
+    """The record of one retained checkpoint (``batch_id=None``: the latest).
+
+    Raises :class:`CheckpointMissing` naming what is there instead.
+    """
+    location = _location(checkpoint_dir, metadata_url)
+    kind, path, _ = check_metadata_url(location)
+    if kind == "file" and not Path(path).is_dir():
+        raise CheckpointMissing(
+            f"no checkpoint records at {location}: no such directory (is it the query's "
+            "checkpointLocation, or its metadata_url?)"
+        )
+    store = open_metadata_store(
+        location, s3_endpoint_url=metadata_s3_endpoint_url, s3_region=metadata_s3_region
+    )
+    try:
+        prefixes = _records_prefixes(store)
+        if not prefixes:
+            raise CheckpointMissing(
+                f"no checkpoint records at {store.url} (looked for {RECORDS}ck-*.json and "
+                f"{OPERATORS}<operator>/{RECORDS}ck-*.json)"
+            )
+        if operator_id not in prefixes:
+            raise CheckpointMissing(
+                f"no checkpoints of operator {operator_id!r} at {store.url}: the job's keyed "
+                f"operators are {', '.join(repr(op) for op in sorted(prefixes))}"
+            )
+        storage = CheckpointStorage(store, prefixes[operator_id])
+        retained = storage.batch_ids()
+        if batch_id is None:
+            batch_id = retained[-1]
+        elif batch_id not in retained:
+            raise CheckpointMissing(
+                f"no retained checkpoint of batch {batch_id} for operator {operator_id!r} at "
+                f"{store.url}: the retained ones are batches "
+                f"{', '.join(str(b) for b in retained)} (older checkpoints are dropped with "
+                "their objects, see retain)"
+            )
+        return storage.load(batch_id)
+    finally:
+        store.close()
+
+
+# ----------------------------------------------------------- reading rows
+
+
+def _key_groups(key_groups: Iterable[int] | None, max_parallelism: int) -> list[int]:
+    if key_groups is None:
+        return list(range(max_parallelism))
+    kgs = sorted(set(key_groups))
+    bad = [kg for kg in kgs if not isinstance(kg, int) or not 0 <= kg < max_parallelism]
+    if bad:
+        raise InvalidArgument(
+            f"key groups {bad[:10]} outside [0, {max_parallelism}) (the job's max_parallelism)"
+        )
+    return kgs
+
+
+def _runs(kgs: Sequence[int], most: int) -> Iterator[KeyGroupRange]:
+    """Contiguous ranges of sorted ``kgs``, each of at most ``most`` key groups."""
+    i = 0
+    while i < len(kgs):
+        j = i
+        while j + 1 < len(kgs) and kgs[j + 1] == kgs[j] + 1 and j + 1 - i < most:
+            j += 1
+        yield KeyGroupRange(kgs[i], kgs[j])
+        i = j + 1
+
+
+def iter_record_rows(
+    record: CheckpointRecord,
+    client: ChangelogClient,
+    *,
+    serializers: Mapping[str, Serializer[Any] | StateSpec] | None = None,
+    key_groups: Iterable[int] | None = None,
+    workdir: str | None = None,
+) -> Generator[StateRow, None, None]:
+    """The rows of ``record``'s state, by key group then row key.
+
+    Arguments are checked now; the rows are read as the iterator is consumed:
+    :data:`RESTORE_KEY_GROUPS` key groups at a time are restored into a
+    scratch store under ``workdir`` (default: the temp directory), removed
+    when the iterator ends or is closed.
+    """
+    specs = _specs(serializers)
+    kgs = _key_groups(key_groups, record.max_parallelism)
+    return _rows(record, client, specs, kgs, workdir)
+
+
+def _rows(
+    record: CheckpointRecord,
+    client: ChangelogClient,
+    specs: Mapping[str, StateSpec | Serializer[Any]],
+    kgs: Sequence[int],
+    workdir: str | None,
+) -> Generator[StateRow, None, None]:
+    tmp = Path(tempfile.mkdtemp(prefix="dstl-state-reader-", dir=workdir))
+    try:
+        for i, rng in enumerate(_runs(kgs, RESTORE_KEY_GROUPS)):
+            with LocalKeyedStore(tmp / str(i), rng) as store:
+                restore_range(store, record, client)
+                for kg in rng:
+                    for k, v in store.rows_of_key_group(kg):
+                        yield _state_row(kg, k, v, specs)
+            shutil.rmtree(tmp / str(i), ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _client(address: str | None, token: str | None) -> ChangelogClient:
+    address = address or os.environ.get(ADDRESS_ENV)
+    if not address:
+        raise ConfigError(
+            f"no sidecar address: pass dstl_address or set {ADDRESS_ENV} (the state is read "
+            "through a sidecar)"
+        )
+    return shared_client(address, token if token is not None else os.environ.get(TOKEN_ENV))
+
+
+def iter_state_rows(
+    *,
+    checkpoint_dir: str | None = None,
+    metadata_url: str | None = None,
+    operator_id: str = DEFAULT_OPERATOR,
+    batch_id: int | None = None,
+    dstl_address: str | None = None,
+    dstl_token: str | None = None,
+    serializers: Mapping[str, Serializer[Any] | StateSpec] | None = None,
+    key_groups: Iterable[int] | None = None,
+    metadata_s3_endpoint_url: str = "",
+    metadata_s3_region: str = "",
+    client: ChangelogClient | None = None,
+    workdir: str | None = None,
+) -> Generator[StateRow, None, None]:
+    """The rows of a retained checkpoint's state (see the module docstring), no Spark needed.
+
+    ``client``: a sidecar client to use (else the process's shared client of
+    ``dstl_address``). The record is resolved, and errors raised, by this
+    call; the rows are read as the iterator is consumed.
+    """
+    specs = _specs(serializers)
+    record = load_checkpoint(
+        checkpoint_dir=checkpoint_dir,
+        metadata_url=metadata_url,
+        operator_id=operator_id,
+        batch_id=batch_id,
+        metadata_s3_endpoint_url=metadata_s3_endpoint_url,
+        metadata_s3_region=metadata_s3_region,
+    )
+    return iter_record_rows(
+        record,
+        client or _client(dstl_address, dstl_token),
+        serializers=specs,
+        key_groups=key_groups,
+        workdir=workdir,
+    )
+
+
+# ------------------------------------------------------------ the DataFrame
+
+#: the option carrying what :func:`read_state` resolved (pickled)
+_RESOLVED = "_resolved"
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What every Spark task of a read needs: the record and how to read and decode it."""
+
+    record_json: str
+    serializers: dict[str, StateSpec | Serializer[Any]]
+    address: str
+    token: str | None
+    key_groups: tuple[int, ...]
+    partitions: int
+
+    def slices(self) -> list[tuple[int, ...]]:
+        """The key groups split into ``partitions`` slices of consecutive ones."""
+        n = max(1, min(self.partitions, len(self.key_groups)))
+        kgs = self.key_groups
+        return [kgs[i * len(kgs) // n : (i + 1) * len(kgs) // n] for i in range(n)]
+
+
+def _parse_key_groups(text: str) -> list[int]:
+    """``"0-15,31"`` -> ``[0, ..., 15, 31]``."""
+    out: list[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            first, _, last = part.partition("-")
+            out.extend(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise ConfigError(f"keyGroups {text!r}: use e.g. '0-15,31'") from None
+    return out
+
+
+def _plan_from_options(options: Mapping[str, str]) -> _Plan:
+    """The plan of a direct ``spark.read.format("dstl_state")`` read (raw bytes only)."""
+    record = load_checkpoint(
+        checkpoint_dir=options.get("path") or options.get("checkpointlocation"),
+        metadata_url=options.get("metadataurl"),
+        operator_id=options.get("operatorid") or DEFAULT_OPERATOR,
+        batch_id=int(options["batchid"]) if options.get("batchid") else None,
+    )
+    kgs = options.get("keygroups")
+    address = options.get("dstladdress") or os.environ.get(ADDRESS_ENV, "")
+    return _Plan(
+        record_json=record.to_bytes().decode("utf-8"),
+        serializers={},
+        address=address,
+        token=os.environ.get(TOKEN_ENV),
+        key_groups=tuple(
+            _key_groups(_parse_key_groups(kgs) if kgs else None, record.max_parallelism)
+        ),
+        partitions=int(options.get("partitions") or 0) or record.parallelism,
+    )
+
+
+def _spark_schema() -> Any:
+    """:data:`SCHEMA_DDL` as a ``StructType`` (built without a session: executors have none)."""
+    from pyspark.sql import types as T
+
+    kinds = {"int": T.IntegerType(), "string": T.StringType(), "binary": T.BinaryType()}
+    fields = [column.split() for column in SCHEMA_DDL.split(",")]
+    return T.StructType([T.StructField(name, kinds[kind], True) for name, kind in fields])
+
+
+def _read_slice(plan: _Plan, key_groups: Sequence[int]) -> Iterator[Any]:
+    """One Spark task: its key groups' rows as Arrow batches of :data:`CHUNK_ROWS` rows."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    # exactly the schema Spark checks the batches against
+    schema = to_arrow_schema(_spark_schema(), timezone="UTC")
+    record = CheckpointRecord.from_bytes(plan.record_json.encode("utf-8"))
+    # the sidecar of this node, like the job's tasks; else the one the reader was given
+    address = os.environ.get(ADDRESS_ENV) or plan.address
+    token = os.environ.get(TOKEN_ENV) or plan.token
+    client = _client(address, token)
+    # the scratch store on the node's state disk when it has one (the temp dir may be small)
+    workdir = os.environ.get(STATE_DIR_ENV) or None
+    if workdir:
+        os.makedirs(workdir, exist_ok=True)
+    rows = iter_record_rows(
+        record, client, serializers=plan.serializers, key_groups=key_groups, workdir=workdir
+    )
+    chunk: list[tuple[Any, ...]] = []
+    try:
+        for row in rows:
+            chunk.append(row.as_tuple())
+            if len(chunk) >= CHUNK_ROWS:
+                yield _batch(pa, schema, chunk)
+                chunk = []
+        if chunk:
+            yield _batch(pa, schema, chunk)
+    finally:
+        rows.close()
+
+
+def _batch(pa: Any, schema: Any, rows: list[tuple[Any, ...]]) -> Any:
+    columns = list(zip(*rows, strict=True))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(col, type=field.type) for col, field in zip(columns, schema, strict=True)],
+        schema=schema,
+    )
+
+
+try:
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+except ImportError:  # pragma: no cover - the pure-Python reader needs no Spark
+    pass
+else:
+
+    class StateDataSource(DataSource):
+        """``spark.read.format("dstl_state")``: a checkpoint's state (see the module docstring)."""
+
+        @classmethod
+        def name(cls) -> str:
+            return FORMAT
+
+        def schema(self) -> str:
+            return SCHEMA_DDL
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            blob = self.options.get(_RESOLVED.lower()) or self.options.get(_RESOLVED)
+            if blob:
+                plan = pickle.loads(base64.b64decode(blob))
+            else:
+                plan = _plan_from_options({k.lower(): v for k, v in self.options.items()})
+            return _StateReader(plan)
+
+    class _StateReader(DataSourceReader):
+        def __init__(self, plan: _Plan) -> None:
+            self.plan = plan
+
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(s) for s in self.plan.slices()]
+
+        def read(self, partition: InputPartition) -> Iterator[Any]:
+            return _read_slice(self.plan, partition.value)
+
+
+def read_state(
+    spark: Any,
+    *,
+    checkpoint_dir: str | None = None,
+    metadata_url: str | None = None,
+    operator_id: str = DEFAULT_OPERATOR,
+    batch_id: int | None = None,
+    dstl_address: str | None = None,
+    dstl_token: str | None = None,
+    serializers: Mapping[str, Serializer[Any] | StateSpec] | None = None,
+    key_groups: Iterable[int] | None = None,
+    metadata_s3_endpoint_url: str = "",
+    metadata_s3_region: str = "",
+    partitions: int | None = None,
+) -> Any:
+    """A retained checkpoint's state as a DataFrame (columns in the module docstring).
+
+    The record is resolved here (errors are raised now); the rows are read
+    when an action runs, by ``partitions`` Spark tasks (default: the
+    checkpoint's parallelism), each restoring a slice of the key groups.
+    """
+    from pyspark import cloudpickle
+
+    specs = _specs(serializers)
+    record = load_checkpoint(
+        checkpoint_dir=checkpoint_dir,
+        metadata_url=metadata_url,
+        operator_id=operator_id,
+        batch_id=batch_id,
+        metadata_s3_endpoint_url=metadata_s3_endpoint_url,
+        metadata_s3_region=metadata_s3_region,
+    )
+    address = dstl_address or os.environ.get(ADDRESS_ENV, "")
+    if not address:
+        raise ConfigError(
+            f"no sidecar address: pass dstl_address or set {ADDRESS_ENV} (the state is read "
+            "through a sidecar)"
+        )
+    if partitions is not None and partitions < 1:
+        raise ConfigError(f"partitions={partitions}: must be >= 1")
+    plan = _Plan(
+        record_json=record.to_bytes().decode("utf-8"),
+        serializers=specs,
+        address=address,
+        token=dstl_token if dstl_token is not None else os.environ.get(TOKEN_ENV),
+        key_groups=tuple(_key_groups(key_groups, record.max_parallelism)),
+        partitions=partitions or record.parallelism,
+    )
+    # cloudpickle: serializers defined in __main__ or a notebook travel by value
+    blob = base64.b64encode(cloudpickle.dumps(plan)).decode("ascii")  # type: ignore[no-untyped-call]
+    spark.dataSource.register(StateDataSource)
+    return spark.read.format(FORMAT).option(_RESOLVED, blob).load()
