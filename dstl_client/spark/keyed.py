@@ -43,6 +43,11 @@ How the query runs is one frozen :class:`~.options.KeyedOptions`
 (``config=``); keyword arguments map onto its fields, so
 ``process_keyed(df, key="k", fn=f, parallelism=2, checkpoint_dir=...)`` works.
 
+The cycle itself is :func:`run_keyed_query`; what runs in the tasks (and
+around them on the driver) is its :class:`BatchHooks`: ``process_keyed``
+runs ``fn`` per key (:func:`~.task.keyed_task`), :mod:`dstl_client.processor`
+runs a ``StatefulProcessor`` with timers and TTL.
+
 Requirements: PySpark >= 4.1 (``repartitionById``), pyarrow, this package
 installed on the executors, ``PYSPARK_PYTHON`` pointing at that Python.
 """
@@ -53,7 +58,8 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
@@ -68,6 +74,7 @@ from dstl_client.spark.task import (
     META_COLUMN,
     PART_COLUMN,
     RESERVED_COLUMNS,
+    RESULT_COLUMNS,
     keyed_task,
 )
 from dstl_client.state.subtask import KeyedFunction
@@ -97,8 +104,14 @@ def process_keyed(
     How it runs is ``config`` (a :class:`~.options.KeyedOptions`) with the
     keyword ``options`` applied to its fields (or only those: ``parallelism``
     and ``checkpoint_dir`` are required); an unknown keyword raises
-    :class:`TypeError`. ``checkpoint_dir`` holds Spark's checkpoint
-    (``spark/``) and the checkpoint records (``dstl/``). ``max_parallelism``
+    :class:`TypeError`. ``checkpoint_dir`` (a path or a URL Spark reads,
+    e.g. ``s3a://bucket/ck``) holds Spark's checkpoint (``spark/``) and, by
+    default, the job's checkpoint metadata (``dstl/``, ``s3://`` for an
+    ``s3a://`` directory); ``metadata_url`` (a path, ``file:///...`` or
+    ``s3://bucket/prefix``, with ``metadata_s3_endpoint_url`` and
+    ``metadata_s3_region``) puts the metadata elsewhere. A driver restarted
+    on another machine needs only that store, never its old disk; tasks
+    never read it (the plan carries the last record). ``max_parallelism``
     (the number of key groups) is fixed for the job's life; ``parallelism``
     may change between runs. On start the driver removes orphans of a crash
     (the job's unreferenced objects older than ``orphan_grace_s``) through
@@ -114,34 +127,96 @@ def process_keyed(
 
     Returns a :class:`DstlQuery` (started unless ``start=False``).
     """
-    from pyspark.sql import functions as F
+    opts = KeyedOptions.of(config, options)
+    schemas = keyed_schemas(output_schema)
+    columns = list(df.columns)
+
+    def make_task(plan: BatchPlan, batch_df: Any, batch_id: int) -> TaskFunction:
+        return functools.partial(keyed_task, plan, key, fn, columns, schemas.arrow)
+
+    return run_keyed_query(
+        df, key=key, schemas=schemas, hooks=BatchHooks(make_task=make_task), sink=sink, opts=opts
+    )
+
+
+#: a batch's ``mapInArrow`` function: Arrow batches of one partition in, out
+TaskFunction = Callable[[Iterator[Any]], Iterator[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedSchemas:
+    """The output schemas of a keyed operator's tasks. Frozen: any thread."""
+
+    #: the user's output rows (``StructType``)
+    user: Any
+    #: the tasks' rows: the user's columns (nullable), then the result columns
+    mapped: Any
+    #: ``mapped`` as an Arrow schema
+    arrow: Any
+
+
+def keyed_schemas(output_schema: Any) -> KeyedSchemas:
+    """The schemas of a keyed operator whose rows are ``output_schema`` (DDL, ``StructType``, None)."""
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import BinaryType, StructField, StructType
 
-    opts = KeyedOptions.of(config, options)
+    if isinstance(output_schema, str):
+        output_schema = StructType.fromDDL(output_schema)
+    user = output_schema or StructType([])
+    # every field nullable: the result row of a task has nulls in the user columns
+    mapped = StructType(
+        [StructField(f.name, f.dataType, True) for f in user.fields]
+        + [StructField(name, BinaryType(), True) for name in RESULT_COLUMNS]
+    )
+    return KeyedSchemas(user=user, mapped=mapped, arrow=to_arrow_schema(mapped))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHooks:
+    """What a kind of keyed operator adds to the batch cycle of :func:`run_keyed_query`.
+
+    Called on the driver's ``foreachBatch`` thread, one batch at a time.
+    """
+
+    #: ``make_task(plan, batch_df, batch_id)``: the ``mapInArrow`` function of the batch
+    make_task: Callable[[BatchPlan, Any, int], TaskFunction]
+    #: ``prepare(batch_df, batch_id, plan)``: the rows the batch routes (default: ``batch_df``)
+    prepare: Callable[[Any, int, BatchPlan], Any] | None = None
+    #: ``recorded(batch_id, extras)``: after the checkpoint record, the tasks'
+    #: ``EXTRA_COLUMN`` values (one per task, ``None`` where a task sent none)
+    recorded: Callable[[int, list[bytes | None]], None] | None = None
+
+
+def run_keyed_query(
+    df: Any,
+    *,
+    key: str,
+    schemas: KeyedSchemas,
+    hooks: BatchHooks,
+    sink: Callable[[Any, int], None] | None,
+    opts: KeyedOptions,
+    handle_factory: Callable[[CheckpointCoordinator, int | None], DstlQuery] = DstlQuery,
+) -> DstlQuery:
+    """The batch cycle of a keyed operator (see the module documentation), with ``hooks``.
+
+    ``handle_factory(coordinator, metrics_port)`` makes the returned query
+    handle (a :class:`DstlQuery` or a subclass).
+    """
+    from pyspark.sql import functions as F
+
     opts.validate()
     if key not in df.columns:
         raise ConfigError(f"key column {key!r} is not in {df.columns}")
     for reserved in RESERVED_COLUMNS:
         if reserved in df.columns:
             raise ConfigError(f"column name {reserved!r} is reserved")
-    if isinstance(output_schema, str):
-        output_schema = StructType.fromDDL(output_schema)
-    user_schema = output_schema or StructType([])
-    # every field nullable: the result row of a task has nulls in the user columns
-    mapped_schema = StructType(
-        [StructField(f.name, f.dataType, True) for f in user_schema.fields]
-        + [StructField(META_COLUMN, BinaryType(), True)]
-    )
-    arrow_schema = to_arrow_schema(mapped_schema)
-    columns = list(df.columns)
     parallelism = opts.parallelism
     on_phase = opts.on_phase
     coordinator = CheckpointCoordinator(opts.coordinator_config())
     coordinator.start()
     job_id = coordinator.config.job_id
     port = coordinator.metrics.serve(opts.metrics_port) if opts.metrics_port is not None else None
-    handle = DstlQuery(coordinator, port)
+    handle = handle_factory(coordinator, port)
     if opts.config_port is not None:
         handle.config_server = CheckpointConfigServer(port=opts.config_port)
         handle.config_server.register(coordinator)
@@ -183,23 +258,25 @@ def process_keyed(
         markers = batch_df.sparkSession.range(parallelism).select(
             F.col("id").cast("int").alias(PART_COLUMN), F.lit(True).alias(MARKER_COLUMN)
         )
+        rows = batch_df if hooks.prepare is None else hooks.prepare(batch_df, batch_id, plan)
         routed = (
-            batch_df.where(F.col(key).isNotNull())
+            rows.where(F.col(key).isNotNull())
             .withColumn(PART_COLUMN, F.expr(part_expr))
             .withColumn(MARKER_COLUMN, F.lit(False))
             .unionByName(markers, allowMissingColumns=True)
             .repartitionById(parallelism, F.col(PART_COLUMN))
             .drop(PART_COLUMN)
         )
-        task = functools.partial(keyed_task, plan, key, fn, columns, arrow_schema)
-        mapped = routed.mapInArrow(task, mapped_schema)
+        task = hooks.make_task(plan, batch_df, batch_id)
+        mapped = routed.mapInArrow(task, schemas.mapped)
+        is_result = F.col(META_COLUMN).isNotNull()
         if sink is None:
-            metas = mapped.where(F.col(META_COLUMN).isNotNull()).select(META_COLUMN).collect()
+            metas = mapped.where(is_result).select(*RESULT_COLUMNS).collect()
         else:
             mapped = mapped.persist()
             try:
-                metas = mapped.where(F.col(META_COLUMN).isNotNull()).select(META_COLUMN).collect()
-                sink(mapped.where(F.col(META_COLUMN).isNull()).drop(META_COLUMN), batch_id)
+                metas = mapped.where(is_result).select(*RESULT_COLUMNS).collect()
+                sink(mapped.where(~is_result).drop(*RESULT_COLUMNS), batch_id)
             finally:
                 mapped.unpersist()
         results = [TaskResult.from_bytes(bytes(r[0])) for r in metas]
@@ -213,6 +290,8 @@ def process_keyed(
         )
         if on_phase is not None:
             on_phase("recorded", batch_id)
+        if hooks.recorded is not None:
+            hooks.recorded(batch_id, [None if r[1] is None else bytes(r[1]) for r in metas])
 
     if opts.start:
         writer = df.writeStream.foreachBatch(run_batch).option(

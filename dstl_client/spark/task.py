@@ -4,7 +4,8 @@ Rows arrive routed by key group (``repartitionById``) plus one marker row per
 partition, so every subtask runs even without data. The partition's rows are
 grouped by key, run through :func:`~dstl_client.state.subtask.run_keyed`,
 and come back as Arrow batches: the user's output rows, then one result row
-carrying the :class:`~dstl_client.coordinator.messages.TaskResult`.
+carrying the :class:`~dstl_client.coordinator.messages.TaskResult` (and, in
+``EXTRA_COLUMN``, what else a kind of task reports, e.g. a processor's figures).
 
 Invariant: output rows are converted and handed to Spark only after the
 batch's changes are durable at the sidecar and committed locally, so no
@@ -22,9 +23,13 @@ from dstl_client.coordinator.messages import BatchPlan
 from dstl_client.state.subtask import KeyedFunction, run_keyed
 
 META_COLUMN = "__dstl_meta"
+#: more of a task's result row (bytes, or null): what a kind of task adds to its result
+EXTRA_COLUMN = "__dstl_extra"
 PART_COLUMN = "__dstl_part"
 MARKER_COLUMN = "__dstl_marker"
-RESERVED_COLUMNS = (META_COLUMN, PART_COLUMN, MARKER_COLUMN)
+RESERVED_COLUMNS = (META_COLUMN, EXTRA_COLUMN, PART_COLUMN, MARKER_COLUMN)
+#: the columns a task's output has after the user's
+RESULT_COLUMNS = (META_COLUMN, EXTRA_COLUMN)
 #: output rows per Arrow batch returned by a task
 _OUT_BATCH_ROWS = 10_000
 
@@ -65,7 +70,7 @@ def keyed_task(
         raise RuntimeError("not inside a Spark task")
     groups = _group_by_key(batches, key, columns)
     outputs: list[Any] = []
-    user_fields = [f for f in out_schema if f.name != META_COLUMN]
+    user_fields = user_arrow_fields(out_schema)
     # without an output schema the function's rows have nowhere to go
     emit = outputs.append if user_fields else None
     result = run_keyed(plan, ctx.partitionId(), groups.items(), fn, emit=emit)
@@ -78,8 +83,29 @@ def keyed_task(
         else:
             cols = [list(c) for c in zip(*chunk, strict=True)]
         arrays = [pa.array(c, type=f.type) for c, f in zip(cols, user_fields, strict=True)]
-        arrays.append(pa.nulls(len(chunk), type=pa.binary()))
-        yield pa.RecordBatch.from_arrays(arrays, schema=out_schema)
-    meta = [pa.nulls(1, type=f.type) for f in user_fields]
-    meta.append(pa.array([result.to_bytes()], type=pa.binary()))
-    yield pa.RecordBatch.from_arrays(meta, schema=out_schema)
+        yield output_batch(arrays, out_schema)
+    yield result_batch(result.to_bytes(), None, out_schema)
+
+
+def user_arrow_fields(out_schema: Any) -> list[Any]:
+    """The user's fields of a task's Arrow output schema (the result columns left out)."""
+    return [f for f in out_schema if f.name not in RESULT_COLUMNS]
+
+
+def output_batch(arrays: list[Any], out_schema: Any) -> Any:
+    """An Arrow batch of output rows: the user's columns, null result columns."""
+    import pyarrow as pa
+
+    n = len(arrays[0]) if arrays else 0
+    tail = [pa.nulls(n, type=pa.binary()) for _ in RESULT_COLUMNS]
+    return pa.RecordBatch.from_arrays([*arrays, *tail], schema=out_schema)
+
+
+def result_batch(meta: bytes, extra: bytes | None, out_schema: Any) -> Any:
+    """The task's result row: null user columns, its ``TaskResult`` and extra bytes."""
+    import pyarrow as pa
+
+    cols = [pa.nulls(1, type=f.type) for f in user_arrow_fields(out_schema)]
+    cols.append(pa.array([meta], type=pa.binary()))
+    cols.append(pa.array([extra], type=pa.binary()))
+    return pa.RecordBatch.from_arrays(cols, schema=out_schema)

@@ -123,6 +123,27 @@ class KeyedStateBackend:
         self._maps[mk] = members
         return members
 
+    def scan_range(self, kg: int, start: bytes, end: bytes | None) -> list[tuple[bytes, bytes]]:
+        """``(row key, value)`` of key group ``kg`` with ``start <= k < end``, in key order.
+
+        ``end=None``: no upper bound. Any key group of the range (not only the
+        current key's): for indexes kept per key group (timers, TTL). This
+        task's writes are included (dirty rows are written to the store
+        first, as for :meth:`map_members`); the rows read are cached.
+        """
+        if kg not in self.kg_range:
+            raise KeyGroupOutOfRange(
+                f"key group {kg} is outside this subtask's range {self.kg_range}"
+            )
+        if self._dirty:
+            self._write_dirty()
+            self._spilled = True
+        rows = self.store.scan_range(kg, start, end, self._with_delta)
+        if len(self._cache) + len(rows) <= self.cache_rows:
+            for k, v in rows.items():
+                self._cache.setdefault((kg, k), v)
+        return sorted(rows.items())
+
     def iter_map(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """``(row key, value)`` of every entry of the map at ``prefix``, in key order."""
         for k in sorted(self.map_members(prefix)):

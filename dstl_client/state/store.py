@@ -179,16 +179,25 @@ class LocalKeyedStore:
 
     def scan_prefix(self, kg: int, prefix: bytes, with_delta: bool) -> dict[bytes, bytes]:
         """Every row of ``kg`` whose ``k`` starts with ``prefix`` (delta applied if asked)."""
-        end = prefix_end(prefix)
+        return self.scan_range(kg, prefix, prefix_end(prefix), with_delta)
+
+    def scan_range(
+        self, kg: int, start: bytes, end: bytes | None, with_delta: bool
+    ) -> dict[bytes, bytes]:
+        """Every row of ``kg`` with ``start <= k < end`` (``None``: no upper bound).
+
+        One index range seek per table, so a scan costs the rows in range, not
+        the key group's size. The delta is applied if asked (deleted rows left out).
+        """
         out: dict[bytes, bytes] = {}
         tables = ("kv", "delta") if with_delta else ("kv",)
         for table in tables:
             if end is None:
                 sql = f"SELECT k, v FROM {table} WHERE kg = ? AND k >= ?"
-                args: tuple[object, ...] = (kg, prefix)
+                args: tuple[object, ...] = (kg, start)
             else:
                 sql = f"SELECT k, v FROM {table} WHERE kg = ? AND k >= ? AND k < ?"
-                args = (kg, prefix, end)
+                args = (kg, start, end)
             for k, v in self._db.execute(sql, args):
                 if v is None:
                     out.pop(k, None)
@@ -221,6 +230,17 @@ class LocalKeyedStore:
 
     def count_rows(self) -> int:
         (n,) = self._db.execute("SELECT count(*) FROM kv").fetchone()
+        return int(n)
+
+    def count_live_rows(self) -> int:
+        """Rows of the main version with the pending batch applied (a scan of both)."""
+        (n,) = self._db.execute(
+            "SELECT (SELECT count(*) FROM kv)"
+            " + (SELECT count(*) FROM delta d WHERE d.v IS NOT NULL AND NOT EXISTS"
+            "    (SELECT 1 FROM kv WHERE kv.kg = d.kg AND kv.k = d.k))"
+            " - (SELECT count(*) FROM delta d WHERE d.v IS NULL AND EXISTS"
+            "    (SELECT 1 FROM kv WHERE kv.kg = d.kg AND kv.k = d.k))"
+        ).fetchone()
         return int(n)
 
     # ---------------------------------------------------------------- writes

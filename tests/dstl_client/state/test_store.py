@@ -203,3 +203,23 @@ def test_overlapping_stores_of_other_ranges_are_removed(tmp_path: Path) -> None:
     removed = remove_overlapping_stores(op, KeyGroupRange(0, 4), keep=op / "kg-0-4")
     assert [(p.name, log_id) for p, log_id in removed] == [("kg-0-7", "")]
     assert sorted(p.name for p in op.iterdir()) == ["kg-0-4", "kg-5-15", "kg-8-15"]
+
+
+def test_range_scans_see_the_pending_batch_and_this_tasks_writes(tmp_path: Path) -> None:
+    """``scan_range``: one key group's rows in [start, end), the delta and dirty rows applied."""
+    with LocalKeyedStore(tmp_path, FULL) as store:
+        store.write_main([(3, b"a1", b"x"), (3, b"a2", b"y"), (3, b"b1", b"z"), (4, b"a3", b"w")])
+        store.commit()
+        store.write_delta([(3, b"a2", None), (3, b"a4", b"new")])
+        assert store.scan_range(3, b"a", b"b", with_delta=False) == {b"a1": b"x", b"a2": b"y"}
+        assert store.scan_range(3, b"a", b"b", with_delta=True) == {b"a1": b"x", b"a4": b"new"}
+        assert store.scan_range(3, b"a2", None, with_delta=False) == {b"a2": b"y", b"b1": b"z"}
+        backend = KeyedStateBackend(store, MAX_P)
+        backend.set_current_key_group(3)
+        backend.put(b"a0", b"dirty")  # in the cache only, until the scan writes it
+        backend.delete(b"a1")
+        # the pending batch of this task (the delta) is read back once rows were written to it
+        assert backend.scan_range(3, b"a", b"b") == [(b"a0", b"dirty"), (b"a4", b"new")]
+        assert backend.scan_range(4, b"", None) == [(b"a3", b"w")]
+        with pytest.raises(KeyGroupOutOfRange):
+            backend.scan_range(MAX_P, b"", None)

@@ -1,0 +1,284 @@
+"""The executor side of a processor query: one partition of one batch (``mapInArrow``).
+
+Rows arrive routed by key group (as for :mod:`dstl_client.spark.task`), with
+one marker row per partition and, in the first batch, the initial state rows
+(in :data:`INIT_COLUMN`). The task drops late rows (or counts them through),
+groups the rest by key into pandas DataFrames (``transformWithStateInPandas``
+style) or ``Row``\\ s (``transformWithState`` style), runs
+:func:`~.runner.run_processor` and converts what the processor returned back
+to Arrow: the output rows, then the result row (checkpoint result, and the
+task's :class:`~.stats.ProcessorStats` in ``EXTRA_COLUMN``).
+
+Invariant: outputs are converted and handed to Spark only after the batch's
+state is durable and committed locally. A fresh processor instance per task
+(unpickled from the spec). Runs on a Spark task thread of a Python worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dstl_client.coordinator.messages import BatchPlan
+from dstl_client.core.errors import InvalidArgument
+from dstl_client.processor.runner import ProcessorTask, run_processor
+from dstl_client.processor.stats import ProcessorStats
+from dstl_client.processor.times import BatchTimes
+from dstl_client.spark.task import MARKER_COLUMN, output_batch, result_batch, user_arrow_fields
+
+#: the initial state of a row (a struct of the initial state's columns), first batch only
+INIT_COLUMN = "__dstl_init"
+#: output rows per Arrow batch returned by a task
+_OUT_BATCH_ROWS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorTaskSpec:
+    """What every task of a processor query needs (pickled into the batch's function).
+
+    Frozen: built on the driver, read by every task.
+    """
+
+    #: the processor, pickled (cloudpickle): each task unpickles its own instance
+    processor: bytes
+    #: the grouping key column
+    key: str
+    #: the input columns the processor sees
+    columns: tuple[str, ...]
+    how: ProcessorTask
+    #: pandas DataFrames in and out (else Rows)
+    use_pandas: bool = True
+    #: the input's event-time column (``withWatermark``) for late rows, if any
+    event_time_column: str | None = None
+    #: ``"drop"`` late rows (Spark's behaviour) or ``"pass"`` them to the processor
+    late_rows: str = "drop"
+    #: Spark's session time zone (pandas timestamps are naive local times in it)
+    timezone: str = "UTC"
+    #: the initial state's columns (in ``INIT_COLUMN``), if the query has one
+    initial_columns: tuple[str, ...] | None = None
+
+
+def processor_task(
+    spec: ProcessorTaskSpec,
+    plan: BatchPlan,
+    times: BatchTimes,
+    out_schema: Any,
+    batches: Iterator[Any],
+) -> Iterator[Any]:
+    """One partition of one batch on an executor (the ``mapInArrow`` function)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark import TaskContext, cloudpickle
+
+    ctx = TaskContext.get()
+    if ctx is None:  # pragma: no cover - always set inside a task
+        raise RuntimeError("not inside a Spark task")
+    wanted = list(spec.columns)
+    if spec.initial_columns is not None:
+        wanted.append(INIT_COLUMN)
+    parts = []
+    for rb in batches:
+        if rb.num_rows == 0:
+            continue
+        rb = rb.filter(pc.invert(rb.column(MARKER_COLUMN)))
+        if rb.num_rows:
+            parts.append(rb.select(wanted))
+    table = pa.Table.from_batches(parts) if parts else None
+    initial: list[tuple[Any, list[Any]]] = []
+    late_dropped = late_passed = 0
+    if table is not None and spec.initial_columns is not None:
+        is_init = pc.is_valid(table.column(INIT_COLUMN))
+        initial = _initial_groups(spec, table.filter(is_init))
+        table = table.filter(pc.invert(is_init)).drop_columns([INIT_COLUMN])
+    if table is not None and spec.event_time_column and times.late_watermark_ms >= 0:
+        micros = pc.cast(table.column(spec.event_time_column), pa.int64())
+        late = pc.fill_null(pc.less_equal(micros, times.late_watermark_ms * 1000), False)
+        n_late = pc.sum(late).as_py() or 0
+        if spec.late_rows == "drop":
+            late_dropped = n_late
+            table = table.filter(pc.invert(late))
+        else:
+            late_passed = n_late
+    groups, n_rows = _input_groups(spec, table)
+    outputs: list[Any] = []
+    emit = outputs.append if user_arrow_fields(out_schema) else None
+    processor = cloudpickle.loads(spec.processor)
+    result, stats = run_processor(
+        plan,
+        ctx.partitionId(),
+        processor,
+        groups,
+        how=spec.how,
+        times=times,
+        emit=emit,
+        initial=initial,
+        input_rows=n_rows,
+    )
+    result = replace(result, stats=replace(result.stats, task_attempt=ctx.attemptNumber()))
+    out_rows = 0
+    for batch in _output_batches(spec, outputs, out_schema):
+        out_rows += batch.num_rows
+        yield batch
+    stats = replace(
+        stats, late_rows_dropped=late_dropped, late_rows_passed=late_passed, output_rows=out_rows
+    )
+    yield result_batch(result.to_bytes(), stats.to_bytes(), out_schema)
+
+
+# ----------------------------------------------------------------- input
+def _key_positions(keys: list[Any]) -> dict[Any, list[int]]:
+    """Row positions per key, keys in order of first appearance."""
+    where: dict[Any, list[int]] = {}
+    for i, k in enumerate(keys):
+        found = where.get(k)
+        if found is None:
+            where[k] = [i]
+        else:
+            found.append(i)
+    return where
+
+
+def _to_pandas(table: Any, timezone: str) -> Any:
+    """Arrow to pandas as Spark hands DataFrames over: timestamps naive, in the session zone."""
+    import pyarrow as pa
+
+    pdf = table.to_pandas()
+    for field in table.schema:
+        if pa.types.is_timestamp(field.type) and field.type.tz is not None:
+            pdf[field.name] = pdf[field.name].dt.tz_convert(timezone).dt.tz_localize(None)
+    return pdf
+
+
+def _input_groups(spec: ProcessorTaskSpec, table: Any) -> tuple[Iterator[tuple[Any, Any]], int]:
+    """``(key, rows)`` per key, rows as ``handleInputRows`` gets them (lazily built)."""
+    if table is None or table.num_rows == 0:
+        return iter(()), 0
+    where = _key_positions(table.column(spec.key).to_pylist())
+    n = table.num_rows
+    if spec.use_pandas:
+        pdf = _to_pandas(table, spec.timezone)
+
+        def frames() -> Iterator[tuple[Any, Any]]:
+            for k, positions in where.items():
+                yield k, iter([pdf.iloc[positions].reset_index(drop=True)])
+
+        return frames(), n
+    from pyspark.sql import Row
+
+    make = Row(*table.column_names)
+    cols = [table.column(c).to_pylist() for c in table.column_names]
+
+    def rows() -> Iterator[tuple[Any, Any]]:
+        for k, positions in where.items():
+            yield k, iter([make(*(c[i] for c in cols)) for i in positions])
+
+    return rows(), n
+
+
+def _initial_groups(spec: ProcessorTaskSpec, table: Any) -> list[tuple[Any, list[Any]]]:
+    """``(key, items)`` of the initial state: one DataFrame per key, or one Row per row."""
+    import pyarrow as pa
+
+    if table.num_rows == 0:
+        return []
+    assert spec.initial_columns is not None
+    struct = table.column(INIT_COLUMN).combine_chunks()
+    init = pa.Table.from_arrays(struct.flatten(), names=list(spec.initial_columns))
+    where = _key_positions(table.column(spec.key).to_pylist())
+    if spec.use_pandas:
+        pdf = _to_pandas(init, spec.timezone)
+        return [(k, [pdf.iloc[p].reset_index(drop=True)]) for k, p in where.items()]
+    from pyspark.sql import Row
+
+    make = Row(*init.column_names)
+    cols = [init.column(c).to_pylist() for c in init.column_names]
+    return [(k, [make(*(c[i] for c in cols)) for i in p]) for k, p in where.items()]
+
+
+# ---------------------------------------------------------------- output
+def _column(values: Any, field: Any, timezone: str) -> Any:
+    """One output column as an Arrow array of the field's type (lenient casts, as Spark's)."""
+    import pyarrow as pa
+
+    if isinstance(values, list):
+        try:
+            return pa.array(values, type=field.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise InvalidArgument(f"output column {field.name!r}: {exc}") from None
+    series = values
+    naive = str(series.dtype).startswith("datetime64") and getattr(series.dt, "tz", None) is None
+    if pa.types.is_timestamp(field.type) and naive:
+        series = series.dt.tz_localize(timezone)
+    try:
+        return pa.array(series, type=field.type, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+        try:
+            return pa.array(series, from_pandas=True).cast(field.type, safe=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise InvalidArgument(f"output column {field.name!r}: {exc}") from None
+
+
+def _frame_columns(pdf: Any, fields: list[Any]) -> list[Any]:
+    """The output fields' columns of a DataFrame: by name, or by position if unnamed."""
+    names = [f.name for f in fields]
+    labels = list(pdf.columns)
+    if all(n in labels for n in names):
+        return [pdf[n] for n in names]
+    if len(labels) == len(names) and not any(isinstance(c, str) for c in labels):
+        return [pdf.iloc[:, i] for i in range(len(names))]
+    raise InvalidArgument(
+        f"an output DataFrame has columns {labels}, the output schema {names}: "
+        "name them as the schema's fields (or leave them unnamed, by position)"
+    )
+
+
+def _row_values(row: Any, names: list[str]) -> list[Any]:
+    if isinstance(row, dict):
+        return [row.get(n) for n in names]
+    if hasattr(row, "asDict") and hasattr(row, "__fields__"):
+        d = row.asDict()
+        return [d.get(n) for n in names]
+    if isinstance(row, tuple | list):
+        if len(row) != len(names):
+            raise InvalidArgument(f"an output row has {len(row)} values, the schema {len(names)}")
+        return list(row)
+    raise InvalidArgument(f"an output row is a Row, tuple or dict, not {type(row).__name__}")
+
+
+def _output_batches(spec: ProcessorTaskSpec, outputs: list[Any], out_schema: Any) -> Iterator[Any]:
+    fields = user_arrow_fields(out_schema)
+    if not outputs or not fields:
+        return
+    if spec.use_pandas:
+        frames = []
+        for o in outputs:
+            if not (hasattr(o, "columns") and hasattr(o, "iloc")):
+                raise InvalidArgument(
+                    "a pandas processor outputs pandas DataFrames, not "
+                    f"{type(o).__name__} (use_pandas=False for Rows)"
+                )
+            if len(o):
+                frames.append(o)
+        if not frames:
+            return
+        import pandas as pd
+
+        pdf = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        for start in range(0, len(pdf), _OUT_BATCH_ROWS):
+            chunk = pdf.iloc[start : start + _OUT_BATCH_ROWS]
+            cols = _frame_columns(chunk, fields)
+            arrays = [_column(c, f, spec.timezone) for c, f in zip(cols, fields, strict=True)]
+            yield output_batch(arrays, out_schema)
+        return
+    names = [f.name for f in fields]
+    for start in range(0, len(outputs), _OUT_BATCH_ROWS):
+        chunk = [_row_values(r, names) for r in outputs[start : start + _OUT_BATCH_ROWS]]
+        columns = [list(c) for c in zip(*chunk, strict=True)]
+        arrays = [_column(c, f, spec.timezone) for c, f in zip(columns, fields, strict=True)]
+        yield output_batch(arrays, out_schema)
+
+
+def stats_of(extra: bytes | None) -> ProcessorStats:
+    """A task's figures from its result row (empty ones if it sent none)."""
+    return ProcessorStats() if extra is None else ProcessorStats.from_bytes(extra)

@@ -1,0 +1,167 @@
+"""The times of a batch: processing time, event-time watermark, lateness bound.
+
+They follow Spark's rules and come from Spark itself. The input stream gets
+``withWatermark(event_time_column, delay)``; Spark's driver computes, after
+each batch, ``watermark = max(previous, max event time of the batch - delay)``
+(:func:`next_watermark`) and writes it, with the batch timestamp, into the
+offsets log entry of the *next* batch before that batch runs. The driver
+reads that entry (:func:`read_offsets_entry`) and carries a
+:class:`BatchTimes` to the batch's tasks, so a batch re-run after a crash
+sees exactly the same times, and the watermark is recovered with Spark's
+own checkpoint.
+
+Timers of batch ``N`` fire at the watermark of batch ``N`` (event time) or
+its batch timestamp (processing time), after the batch's input rows. Input
+rows whose event time is at or before the watermark of batch ``N`` are late.
+That is the bound Spark's ``transformWithState`` applies in effect: Spark
+runs a batch without data whenever the watermark advanced, so the data of
+the next batch meets the advanced watermark; a ``foreachBatch`` query has no
+such batches, so the lateness bound is taken from the batch itself. (The
+timers Spark would fire in that batch without data fire here in the next
+batch, after its input rows.)
+
+Immutable values and pure functions (the reader runs on the driver's batch thread).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dstl_client.core.errors import InvalidArgument
+from dstl_client.processor.api import TimerValues
+from dstl_client.spark.query import source_progress
+
+NO_TIME = -1
+
+_UNITS_MS = {
+    "millisecond": 1,
+    "ms": 1,
+    "second": 1000,
+    "s": 1000,
+    "minute": 60_000,
+    "min": 60_000,
+    "hour": 3_600_000,
+    "h": 3_600_000,
+    "day": 86_400_000,
+    "d": 86_400_000,
+    "week": 604_800_000,
+}
+_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)")
+
+
+def parse_duration_ms(text: str) -> int:
+    """A Spark interval string (``"10 seconds"``, ``"1 minute 30 seconds"``, ``"500 ms"``) in ms."""
+    body = text.strip()
+    if body.lower().startswith("interval "):
+        body = body[len("interval ") :]
+    total = 0.0
+    pos = 0
+    while pos < len(body.rstrip()):
+        m = _PART.match(body, pos)
+        if m is None:
+            raise InvalidArgument(f"bad duration {text!r}")
+        unit = m.group(2).lower()
+        unit = unit[:-1] if unit.endswith("s") and unit[:-1] in _UNITS_MS else unit
+        if unit not in _UNITS_MS:
+            raise InvalidArgument(f"bad duration {text!r}: unknown unit {m.group(2)!r}")
+        total += float(m.group(1)) * _UNITS_MS[unit]
+        pos = m.end()
+    if pos == 0:
+        raise InvalidArgument(f"bad duration {text!r}")
+    return int(total)
+
+
+def next_watermark(previous_ms: int, batch_max_event_ms: int | None, delay_ms: int) -> int:
+    """Spark's watermark after a batch: it only moves forward, ``delay_ms`` behind the
+    largest event time seen; a batch without event times leaves it as it was."""
+    if batch_max_event_ms is None:
+        return previous_ms
+    return max(previous_ms, batch_max_event_ms - delay_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTimes:
+    """The times of one batch, fixed by the driver before its tasks run.
+
+    Invariant: the same for every run of the batch (read from Spark's offsets
+    log). Frozen: any thread.
+    """
+
+    #: the batch's processing time (Spark's batch timestamp), ms
+    processing_ms: int = NO_TIME
+    #: the event-time watermark event-time timers fire at, ms (``-1``: no event time)
+    watermark_ms: int = NO_TIME
+    #: input rows with an event time at or before it are late (``-1``: none are)
+    late_watermark_ms: int = NO_TIME
+
+    def timer_values(self, time_mode: str) -> TimerValues:
+        """What ``handle*`` calls see (``-1`` for both in time mode ``"None"``, as in Spark)."""
+        if time_mode == "None":
+            return TimerValues(NO_TIME, NO_TIME)
+        return TimerValues(self.processing_ms, self.watermark_ms)
+
+    def timers_due_at(self, time_mode: str) -> int | None:
+        """Timers at or before this time fire in the batch (``None``: no timers in this mode)."""
+        if time_mode == "ProcessingTime":
+            return self.processing_ms
+        if time_mode == "EventTime":
+            return self.watermark_ms
+        return None
+
+
+def _metadata(entry: Sequence[Any] | None) -> dict[str, Any]:
+    """The metadata line of an offsets log entry (``v1``, then a JSON object)."""
+    if not entry:
+        return {}
+    for line in entry[1:2]:
+        if isinstance(line, dict):
+            return line
+        if isinstance(line, str):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                return {}
+            return doc if isinstance(doc, dict) else {}
+    return {}
+
+
+def times_from_offsets(entry: Sequence[Any] | None, *, event_time: bool) -> BatchTimes:
+    """The times of a batch from its offsets log entry.
+
+    ``batchTimestampMs`` is the processing time; with ``event_time``,
+    ``batchWatermarkMs`` is the watermark (``0`` before any event time, as in
+    Spark) and the lateness bound.
+    """
+    meta = _metadata(entry)
+    if "batchTimestampMs" not in meta:
+        raise InvalidArgument("the offsets log entry of the batch has no batch timestamp")
+    processing = int(meta["batchTimestampMs"])
+    if not event_time:
+        return BatchTimes(processing_ms=processing)
+    watermark = int(meta.get("batchWatermarkMs", 0))
+    return BatchTimes(processing_ms=processing, watermark_ms=watermark, late_watermark_ms=watermark)
+
+
+def read_offsets_entry(spark_checkpoint: str, batch_id: int, session: Any) -> list[Any] | None:
+    """Lines of Spark's offsets log entry of ``batch_id`` (``None`` if there is none).
+
+    A local checkpoint is read directly; any other file system (``s3a://``,
+    ``hdfs://``) through Spark's reader (one small job).
+    """
+    if batch_id < 0:
+        return None
+    entry = source_progress(spark_checkpoint, batch_id)
+    if entry is not None:
+        return list(entry)
+    location = f"{str(spark_checkpoint).rstrip('/')}/offsets/{batch_id}"
+    if "://" not in location or location.startswith("file:"):
+        return None
+    try:
+        rows = session.read.text(location).collect()
+    except Exception:  # no such entry (or unreadable): the caller decides
+        return None
+    return [r[0] for r in rows] or None

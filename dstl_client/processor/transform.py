@@ -1,0 +1,446 @@
+"""``transform_with_state``: a ``StatefulProcessor`` over a streaming DataFrame, state on the DSTL.
+
+::
+
+    from dstl_client.processor import transform_with_state
+
+    q = (transform_with_state(events.groupBy("user"), processor=CountPerUser(),
+                              output_schema="user string, count long",
+                              parallelism=4, dstl_address="unix:///var/run/dstl/dstl.sock")
+         .writeStream.format("parquet")
+         .option("checkpointLocation", "/ckpt/clicks")
+         .start("/out/clicks"))
+
+Spark's ``transformWithStateInPandas`` (``use_pandas=True``) or
+``transformWithState`` (``use_pandas=False``) on dstl's keyed batch cycle
+(:func:`~dstl_client.spark.keyed.run_keyed_query`): rows routed by key
+group, one :func:`~.task.processor_task` per partition, every state change
+(timers and TTL index included) logged to the DSTL and checkpointed.
+
+The driver side of a batch (:class:`ProcessorDriver`, on the ``foreachBatch``
+thread): read the batch's times from Spark's offsets log (:mod:`.times`),
+add the initial state to the first batch, and after the checkpoint record
+sum the tasks' figures into the query's progress (:mod:`.progress`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+from dstl_client.coordinator.coordinator import CheckpointCoordinator
+from dstl_client.coordinator.messages import BatchPlan
+from dstl_client.core.errors import ConfigError, DstlError, InvalidArgument
+from dstl_client.processor.api import time_mode_of
+from dstl_client.processor.codec import RowCodec
+from dstl_client.processor.conf import merged_options
+from dstl_client.processor.layout import check_state_name
+from dstl_client.processor.progress import ProcessorQuery
+from dstl_client.processor.runner import KEY_DECODERS, ProcessorTask
+from dstl_client.processor.sinks import WriteSpec, make_sink
+from dstl_client.processor.stats import BatchFigures
+from dstl_client.processor.task import INIT_COLUMN, ProcessorTaskSpec, processor_task, stats_of
+from dstl_client.processor.times import (
+    BatchTimes,
+    parse_duration_ms,
+    read_offsets_entry,
+    times_from_offsets,
+)
+from dstl_client.processor.writer import OUTPUT_MODES, ProcessorStream
+from dstl_client.spark.keyed import (
+    BatchHooks,
+    KeyedSchemas,
+    TaskFunction,
+    keyed_schemas,
+    run_keyed_query,
+)
+from dstl_client.spark.options import KeyedOptions, default_job_id
+
+log = logging.getLogger(__name__)
+
+LATE_ROWS = ("drop", "pass")
+
+
+def transform_with_state(
+    data: Any,
+    *,
+    processor: Any,
+    output_schema: Any,
+    key: str | None = None,
+    output_mode: str = "Update",
+    time_mode: str = "None",
+    event_time_column: str | None = None,
+    watermark_delay: str | None = None,
+    late_rows: str = "drop",
+    use_pandas: bool = True,
+    initial_state: Any = None,
+    count_state_rows: bool = True,
+    config: KeyedOptions | None = None,
+    **options: Any,
+) -> ProcessorStream:
+    """Run ``processor`` per key and micro-batch; write its output with ``.writeStream``.
+
+    ``data`` is a streaming DataFrame with the grouping column ``key``, or
+    ``df.groupBy("key")`` (one string or integer column; rows with a null key
+    are dropped). ``processor`` is a :class:`~.api.StatefulProcessor` (Spark's
+    own works too); its input per key is an iterator of pandas DataFrames
+    (``use_pandas=True``) or of ``Row``\\ s, and so is its output, rows of
+    ``output_schema`` (``StructType`` or DDL). ``output_mode``: ``"Append"``
+    or ``"Update"`` (it only names what the rows mean, as in Spark).
+
+    Time: ``time_mode`` is ``"None"``, ``"ProcessingTime"`` (timers and TTL
+    on the batch timestamp) or ``"EventTime"`` (timers on the watermark).
+    ``event_time_column`` is the input's event-time column (a timestamp); with
+    ``watermark_delay`` (``"10 seconds"``) it gets ``withWatermark`` here,
+    without it the input must have one already. Rows at or before the
+    batch's watermark are late (:mod:`.times`): dropped (``late_rows="drop"``, as in
+    Spark) or passed on (``"pass"``); both are counted.
+
+    ``initial_state`` (a batch DataFrame or its ``groupBy`` on the same key):
+    ``handleInitialState`` gets its rows in the first batch.
+
+    How the query runs is a :class:`~dstl_client.spark.options.KeyedOptions`:
+    ``config`` and the keyword ``options`` (``parallelism``,
+    ``checkpoint_dir``, ``dstl_address``...), with ``spark.dstl.*`` keys of
+    the session's configuration filling what is not given
+    (:mod:`.conf`); ``checkpointLocation``, ``trigger`` and ``queryName`` may
+    come from the writer instead. ``count_state_rows``: count the state rows
+    after each batch (one scan of each task's store) for the progress figures.
+
+    The processor's ``init`` runs once here (on a copy) to check its state
+    declarations, as Spark's driver does.
+    """
+    from pyspark import cloudpickle
+
+    known = {f.name for f in dataclasses.fields(KeyedOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(
+            f"transform_with_state() got unexpected keyword arguments {unknown}; "
+            f"the query's options are {sorted(known)}"
+        )
+    df, key = _grouping(data, key)
+    if not df.isStreaming:
+        raise ConfigError("transform_with_state needs a streaming DataFrame")
+    kind = _key_kind(df, key)
+    mode = _time_mode(time_mode)
+    if output_mode.lower() not in OUTPUT_MODES:
+        raise ConfigError(f"output mode {output_mode!r}: a processor supports Append or Update")
+    if late_rows not in LATE_ROWS:
+        raise ConfigError(f"late_rows={late_rows!r}: use one of {LATE_ROWS}")
+    df = _event_time(df, mode, event_time_column, watermark_delay)
+    _check_processor(processor, mode)
+    schemas = keyed_schemas(output_schema)
+    initial_df, initial_columns, init_type = _initial(initial_state, key, df)
+    spec = ProcessorTaskSpec(
+        processor=cloudpickle.dumps(processor),  # type: ignore[no-untyped-call]
+        key=key,
+        columns=tuple(df.columns),
+        how=ProcessorTask(
+            time_mode=mode, key_of=KEY_DECODERS[kind], count_state_rows=count_state_rows
+        ),
+        use_pandas=use_pandas,
+        event_time_column=event_time_column,
+        late_rows=late_rows,
+        timezone=df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC",
+        initial_columns=initial_columns,
+    )
+
+    def start(write: WriteSpec, query_options: dict[str, Any]) -> ProcessorQuery:
+        clash = sorted(k for k in query_options if k in options and options[k] != query_options[k])
+        if clash:
+            raise ConfigError(f"{clash} given to both transform_with_state and the writer")
+        try:
+            opts = merged_options(df.sparkSession, config, {**options, **query_options})
+        except TypeError as exc:  # a required option is missing
+            raise ConfigError(
+                f"{exc}: give them to transform_with_state, to the writer "
+                "(checkpointLocation) or as spark.dstl.* configuration keys"
+            ) from None
+        driver = ProcessorDriver(spec, schemas, opts, initial_df, init_type)
+        sink = make_sink(write, app_id=opts.job_id or default_job_id(opts.checkpoint_dir))
+        return driver.start(df, sink)
+
+    return ProcessorStream(start, schemas.user, output_mode)
+
+
+class ProcessorDriver:
+    """The driver side of one processor query's batches (see the module documentation).
+
+    Invariant: a batch's times are read from Spark's offsets log, never from
+    the clock, so a re-run batch has the times of its first run. Thread: the
+    ``foreachBatch`` thread (one batch at a time); :meth:`start` the user's.
+    """
+
+    def __init__(
+        self,
+        spec: ProcessorTaskSpec,
+        schemas: KeyedSchemas,
+        opts: KeyedOptions,
+        initial_df: Any,
+        init_type: Any,
+    ) -> None:
+        self.spec = spec
+        self.schemas = schemas
+        self.opts = opts
+        self.initial_df = initial_df
+        self.init_type = init_type
+        self.query: ProcessorQuery | None = None
+        self._times: dict[int, BatchTimes] = {}
+
+    def start(self, df: Any, sink: Any) -> ProcessorQuery:
+        session = df.sparkSession
+
+        def handle(coordinator: CheckpointCoordinator, port: int | None) -> ProcessorQuery:
+            self.query = ProcessorQuery(coordinator, port)
+            self.query.listen(session)
+            return self.query
+
+        hooks = BatchHooks(make_task=self.make_task, prepare=self.prepare, recorded=self.recorded)
+        try:
+            query = run_keyed_query(
+                df,
+                key=self.spec.key,
+                schemas=self.schemas,
+                hooks=hooks,
+                sink=sink,
+                opts=self.opts,
+                handle_factory=handle,
+            )
+        except BaseException:
+            if self.query is not None:  # the query did not start: its coordinator is closed
+                self.query.unlisten()
+            raise
+        assert isinstance(query, ProcessorQuery)
+        return query
+
+    # ----------------------------------------------------------- the times
+    def times_of(self, session: Any, batch_id: int) -> BatchTimes:
+        """The batch's times from Spark's offsets log (nothing to read in time mode None)."""
+        event_time = self.spec.event_time_column is not None
+        if self.spec.how.time_mode == "None" and not event_time:
+            return BatchTimes()
+        entry = read_offsets_entry(self.opts.spark_checkpoint_dir, batch_id, session)
+        if entry is None:
+            raise DstlError(
+                f"no offsets log entry of batch {batch_id} under {self.opts.spark_checkpoint_dir}: "
+                "the batch's times cannot be known"
+            )
+        return times_from_offsets(entry, event_time=event_time)
+
+    # --------------------------------------------------------------- hooks
+    def make_task(self, plan: BatchPlan, batch_df: Any, batch_id: int) -> TaskFunction:
+        times = self.times_of(batch_df.sparkSession, batch_id)
+        self._times = {batch_id: times}
+        return functools.partial(processor_task, self.spec, plan, times, self.schemas.arrow)
+
+    def prepare(self, batch_df: Any, batch_id: int, plan: BatchPlan) -> Any:
+        """The batch's rows, with the initial state's rows in the first batch."""
+        if self.initial_df is None:
+            return batch_df
+        from pyspark.sql import functions as F
+
+        rows = batch_df.withColumn(INIT_COLUMN, F.lit(None).cast(self.init_type))
+        if plan.committed is None:
+            rows = rows.unionByName(self.initial_df, allowMissingColumns=True)
+        return rows
+
+    def recorded(self, batch_id: int, extras: list[bytes | None]) -> None:
+        times = self._times.get(batch_id, BatchTimes())
+        query = self.query
+        if query is None:
+            return
+        history = query.coordinator.history
+        checkpoint = history[-1] if history and history[-1].batch_id == batch_id else None
+        query.record(
+            BatchFigures.of(
+                batch_id,
+                times.processing_ms,
+                times.watermark_ms,
+                [stats_of(e) for e in extras],
+                checkpoint,
+            )
+        )
+
+
+# ------------------------------------------------------------- arguments
+def _grouping(data: Any, key: str | None) -> tuple[Any, str]:
+    """The DataFrame and key column of ``data`` (a DataFrame, or its ``groupBy(key)``)."""
+    from pyspark.sql import GroupedData
+
+    if not isinstance(data, GroupedData):
+        if not key:
+            raise ConfigError("give the grouping column: key=..., or pass df.groupBy(column)")
+        return data, key
+    try:
+        exprs = data._jgd.groupingExprs()
+        names = [exprs.apply(i).name() for i in range(exprs.size())]
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot read the grouping columns ({exc}): pass the DataFrame and key="
+        ) from None
+    if len(names) != 1:
+        raise ConfigError(f"group by one column, not {names}")
+    if key and key != names[0]:
+        raise ConfigError(f"key={key!r} but the data is grouped by {names[0]!r}")
+    return data._df, names[0]
+
+
+def _key_kind(df: Any, key: str) -> str:
+    from pyspark.sql import types as T
+
+    if key not in df.columns:
+        raise ConfigError(f"key column {key!r} is not in {df.columns}")
+    dtype = df.schema[key].dataType
+    if isinstance(dtype, T.StringType):
+        return "string"
+    if isinstance(dtype, T.ByteType | T.ShortType | T.IntegerType | T.LongType):
+        return "integer"
+    raise ConfigError(f"key column {key!r} is {dtype.simpleString()}: use a string or integer key")
+
+
+def _time_mode(value: str) -> str:
+    try:
+        return time_mode_of(value)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _event_time(df: Any, mode: str, column: str | None, delay: str | None) -> Any:
+    """``df`` with its watermark; checks the event-time arguments."""
+    from pyspark.sql import types as T
+
+    if column is None:
+        if mode == "EventTime":
+            raise ConfigError("time mode EventTime needs event_time_column (and watermark_delay)")
+        if delay is not None:
+            raise ConfigError("watermark_delay needs event_time_column")
+        return df
+    if column not in df.columns:
+        raise ConfigError(f"event_time_column {column!r} is not in {df.columns}")
+    if not isinstance(df.schema[column].dataType, T.TimestampType | T.TimestampNTZType):
+        raise ConfigError(f"event_time_column {column!r} must be a timestamp column")
+    if delay is not None:
+        try:
+            parse_duration_ms(delay)
+        except InvalidArgument as exc:
+            raise ConfigError(exc.message) from None
+        return df.withWatermark(column, delay)
+    plan = df._jdf.queryExecution().logical().toString()
+    if "EventTimeWatermark" not in plan:
+        raise ConfigError(
+            f"event_time_column {column!r}: give watermark_delay, or call withWatermark first"
+        )
+    return df
+
+
+def _initial(initial_state: Any, key: str, df: Any) -> tuple[Any, tuple[str, ...] | None, Any]:
+    """The initial state as rows to route (key, ``INIT_COLUMN`` struct), its columns, the struct."""
+    if initial_state is None:
+        return None, None, None
+    from pyspark.sql import GroupedData
+    from pyspark.sql import functions as F
+
+    init_df, init_key = (
+        _grouping(initial_state, key)
+        if isinstance(initial_state, GroupedData)
+        else (initial_state, key)
+    )
+    if init_df.isStreaming:
+        raise ConfigError("initial_state is a batch DataFrame")
+    if init_key not in init_df.columns:
+        raise ConfigError(f"the initial state has no key column {init_key!r}")
+    columns = tuple(init_df.columns)
+    rows = init_df.select(
+        F.col(init_key).cast(df.schema[key].dataType).alias(key),
+        F.struct(*[F.col(c) for c in columns]).alias(INIT_COLUMN),
+    )
+    return rows, columns, rows.schema[INIT_COLUMN].dataType
+
+
+class _Unbound:
+    """A state variable declared in the driver's check of ``init``: not usable there.
+
+    Every attribute raises. Driver thread only (the check's).
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        raise InvalidArgument(
+            "state is used in handleInputRows and handleExpiredTimer, not in init"
+        )
+
+
+class _DeclarationCheck:
+    """A handle for the driver's run of ``init``: checks every declaration, keeps nothing.
+
+    Invariant: the handle's rules (names, one kind per name, TTL needs a time
+    mode, no timers without a key). The caller's thread only.
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.kinds: dict[str, tuple[Any, ...]] = {}
+
+    def _declare(self, name: str, signature: tuple[Any, ...], ttl: int | None) -> _Unbound:
+        check_state_name(name)
+        if ttl is not None:
+            if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl <= 0:
+                raise InvalidArgument(f"state {name!r}: ttlDurationMs must be a positive int")
+            if self.mode == "None":
+                raise InvalidArgument(
+                    f"state {name!r} has a TTL: use time mode ProcessingTime or EventTime"
+                )
+        old = self.kinds.setdefault(name, signature)
+        if old != signature:
+            raise InvalidArgument(f"state {name!r} is declared twice, differently")
+        return _Unbound()
+
+    def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
+        return self._declare(
+            stateName, ("value", RowCodec(schema).schema, ttlDurationMs), ttlDurationMs
+        )
+
+    def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> Any:
+        return self._declare(
+            stateName, ("list", RowCodec(schema).schema, ttlDurationMs), ttlDurationMs
+        )
+
+    def getMapState(
+        self,
+        stateName: str,
+        userKeySchema: Any,
+        valueSchema: Any,
+        ttlDurationMs: int | None = None,
+    ) -> Any:
+        signature = (
+            "map",
+            RowCodec(userKeySchema).schema,
+            RowCodec(valueSchema).schema,
+            ttlDurationMs,
+        )
+        return self._declare(stateName, signature, ttlDurationMs)
+
+    def deleteIfExists(self, stateName: str) -> None:
+        check_state_name(stateName)
+
+    def _no_key(self, *args: Any) -> Any:
+        raise InvalidArgument("timers belong to a key: use them in the handlers, not in init")
+
+    registerTimer = deleteTimer = listTimers = _no_key
+
+
+def _check_processor(processor: Any, mode: str) -> None:
+    """Spark's driver-side ``init``: on a copy, with a handle that only checks declarations."""
+    from pyspark import cloudpickle
+
+    for method in ("init", "handleInputRows"):
+        if not callable(getattr(processor, method, None)):
+            raise ConfigError(f"the processor has no {method}() (a StatefulProcessor)")
+    probe = cloudpickle.loads(cloudpickle.dumps(processor))  # type: ignore[no-untyped-call]
+    try:
+        probe.init(_DeclarationCheck(mode))
+        probe.close()
+    except InvalidArgument as exc:
+        raise ConfigError(f"the processor's init(): {exc.message}") from None
