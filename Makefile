@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree clean
+.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster clean
 
 all: test
 
@@ -56,6 +56,7 @@ bench: $(BENCH_STAMP)
 	$(PY) examples/spark_bench.py
 	$(PY) -m loadtest.wire_fuzz
 	$(PY) -m loadtest.tree_bench
+	$(PY) -m loadtest.cluster_bench
 
 bench-core: $(BENCH_STAMP)
 	$(PY) -m loadtest.bench $(BENCH_ARGS)
@@ -71,6 +72,10 @@ bench-fuzz: $(BENCH_STAMP)
 
 bench-tree: $(BENCH_STAMP)
 	$(PY) -m loadtest.tree_bench $(BENCH_ARGS)
+
+# Spark standalone clusters of 2 and 3 nodes (one sidecar each) with random node kills
+bench-cluster: $(BENCH_STAMP)
+	$(PY) -m loadtest.cluster_bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,125 @@
+"""One driver process of the job (``loadtest.cluster_bench.job``) and its phase log."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadtest.spark_cluster import SparkCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(slots=True)
+class Phases:
+    """The ``planned``/``tasks_done``/``recorded`` times of every batch (unix seconds).
+
+    A batch planned more than once (re-run after a failed attempt) keeps the
+    first ``planned`` time and counts its attempts.
+    """
+
+    planned: dict[int, float] = field(default_factory=dict)
+    tasks_done: dict[int, float] = field(default_factory=dict)
+    recorded: dict[int, float] = field(default_factory=dict)
+    attempts: dict[int, int] = field(default_factory=dict)
+    _offset: int = 0
+
+    def poll(self, path: Path) -> list[tuple[str, int, float]]:
+        """Read the lines appended since the last call; returns them."""
+        if not path.exists():
+            return []
+        with open(path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
+        self._offset += end
+        new: list[tuple[str, int, float]] = []
+        for line in data[:end].decode().splitlines():
+            phase, batch, at = line.split()
+            b, t = int(batch), float(at)
+            new.append((phase, b, t))
+            if phase == "planned":
+                self.attempts[b] = self.attempts.get(b, 0) + 1
+                self.planned.setdefault(b, t)
+            elif phase == "tasks_done":
+                self.tasks_done[b] = t
+            elif phase == "recorded":
+                self.recorded[b] = t
+        return new
+
+    @property
+    def last_recorded(self) -> int:
+        return max(self.recorded, default=-1)
+
+
+class Driver:
+    """The job's driver in its own process group (killed as a whole by :meth:`kill`)."""
+
+    def __init__(
+        self,
+        work: Path,
+        cluster: SparkCluster,
+        address: str,
+        *,
+        until: int,
+        parallelism: int = 4,
+        phases_file: Path | None = None,
+        timeout_s: float = 400.0,
+        crash: str = "",
+    ) -> None:
+        cmd = [sys.executable, "-m", "loadtest.cluster_bench.job"]
+        args: dict[str, object] = {
+            "master": cluster.master_url,
+            "address": address,
+            "checkpoint-dir": work / "spark-ckpt",
+            "metadata-url": f"s3://{cluster.s3.bucket}/{cluster.s3_prefix}/metadata",
+            "input-dir": work / "input",
+            "out-dir": work / "out",
+            "until-batch": until,
+            "executors": len(cluster.nodes),
+            "parallelism": parallelism,
+            "phases-file": phases_file or "",
+            "timeout-s": timeout_s,
+            "crash": crash,
+        }
+        for name, value in args.items():
+            cmd += [f"--{name}", str(value)]
+        env = {**os.environ, **cluster.s3.env(), "PYSPARK_PYTHON": sys.executable}
+        env["AWS_ENDPOINT_URL"] = cluster.s3.endpoint_url
+        env["SPARK_LOCAL_IP"] = "127.0.0.1"
+        for name in ("DSTL_ADDRESS", "DSTL_STATE_DIR"):
+            env.pop(name, None)
+        disk = work / f"driver-disk-{time.monotonic_ns()}"
+        disk.mkdir(parents=True)
+        env["TMPDIR"] = str(disk)
+        self.log = disk / "driver.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout_s: float) -> int:
+        """Its exit code; SIGKILLs the group after ``timeout_s`` (raises ``TimeoutExpired``)."""
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the driver's process group and reap it (idempotent)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
