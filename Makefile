@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster clean
+.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster bench-bounded clean
 
 all: test
 
@@ -76,6 +76,9 @@ bench-tree: $(BENCH_STAMP)
 # Spark standalone clusters of 2 and 3 nodes (one sidecar each) with random node kills
 bench-cluster: $(BENCH_STAMP)
 	$(PY) -m loadtest.cluster_bench $(BENCH_ARGS)
+
+bench-bounded: $(BENCH_STAMP)
+	$(PY) -m loadtest.bounded_bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

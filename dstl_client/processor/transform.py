@@ -78,8 +78,9 @@ def transform_with_state(
     initial_state: Any = None,
     count_state_rows: bool = True,
     config: KeyedOptions | None = None,
+    execution_mode: str = "auto",
     **options: Any,
-) -> ProcessorStream:
+) -> Any:
     """Run ``processor`` per key and micro-batch; write its output with ``.writeStream``.
 
     ``data`` is a streaming DataFrame with the grouping column ``key``, or
@@ -111,8 +112,14 @@ def transform_with_state(
 
     The processor's ``init`` runs once here (on a copy) to check its state
     declarations, as Spark's driver does.
+
+    A bounded DataFrame (or ``execution_mode="sorted"``) runs in sorted
+    single-key mode (:func:`dstl_client.bounded.process_bounded`) and the
+    result is a DataFrame; otherwise a :class:`ProcessorStream`.
     """
     from pyspark import cloudpickle
+
+    from dstl_client.bounded import process_bounded, sorted_mode  # here: an import cycle
 
     known = {f.name for f in dataclasses.fields(KeyedOptions)}
     unknown = sorted(set(options) - known)
@@ -122,6 +129,19 @@ def transform_with_state(
             f"the query's options are {sorted(known)}"
         )
     df, key = _grouping(data, key)
+    if sorted_mode(df, execution_mode):
+        return process_bounded(
+            df,
+            key=key,
+            processor=processor,
+            output_schema=output_schema,
+            time_mode=time_mode,
+            event_time_column=event_time_column,
+            use_pandas=use_pandas,
+            initial_state=initial_state,
+            config=config,
+            **options,
+        )
     if not df.isStreaming:
         raise ConfigError("transform_with_state needs a streaming DataFrame")
     kind = _key_kind(df, key)

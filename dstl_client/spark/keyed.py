@@ -90,8 +90,9 @@ def process_keyed(
     output_schema: Any = None,
     sink: Callable[[Any, int], None] | None = None,
     config: KeyedOptions | None = None,
+    execution_mode: str = "auto",
     **options: Any,
-) -> DstlQuery:
+) -> Any:
     """Run ``fn(key, rows, ctx)`` per key and micro-batch, with keyed state on the DSTL.
 
     ``df`` is a streaming DataFrame with a string or integer column ``key``
@@ -125,8 +126,17 @@ def process_keyed(
     (before the tasks), ``"tasks_done"`` (results collected, sink called, no
     record yet) and ``"recorded"`` (record written, Spark not told yet).
 
-    Returns a :class:`DstlQuery` (started unless ``start=False``).
+    Returns a :class:`DstlQuery` (started unless ``start=False``). A bounded
+    DataFrame (``df.isStreaming`` false, or ``execution_mode="sorted"``) runs
+    in sorted single-key mode instead (:func:`dstl_client.bounded.process_bounded`:
+    no checkpoints, no sidecar) and the result is a DataFrame.
     """
+    from dstl_client.bounded import process_bounded, sorted_mode  # here: an import cycle
+
+    if sorted_mode(df, execution_mode):
+        return process_bounded(
+            df, key=key, fn=fn, output_schema=output_schema, sink=sink, config=config, **options
+        )
     opts = KeyedOptions.of(config, options)
     schemas = keyed_schemas(output_schema)
     columns = list(df.columns)
@@ -213,7 +223,11 @@ def run_keyed_query(
     parallelism = opts.parallelism
     on_phase = opts.on_phase
     coordinator = CheckpointCoordinator(opts.coordinator_config())
-    coordinator.start()
+    try:
+        coordinator.start()
+    except BaseException:
+        coordinator.close()  # its metadata store client and metrics server
+        raise
     job_id = coordinator.config.job_id
     port = coordinator.metrics.serve(opts.metrics_port) if opts.metrics_port is not None else None
     handle = handle_factory(coordinator, port)
