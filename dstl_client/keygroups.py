@@ -1,4 +1,4 @@
-"""Key groups: the unit of keyed state, of routing and of rescaling (seed 004).
+"""Key groups: the unit of keyed state, of routing and of rescaling.
 
 A key belongs to key group ``crc32(key_bytes(key)) % max_parallelism``. The
 hash is CRC-32 (zlib's), which Spark SQL computes too, so the driver can route

@@ -1,4 +1,4 @@
-"""The sidecar's uploader, built from its settings (seed 000 "Request hedging").
+"""The sidecar's uploader, built from its settings.
 
 Request hedging is not a class of its own: it is a mode of the one upload
 engine, :class:`~dstl_server.uploader.UploadExecutor` (``hedge_mode`` ``off``

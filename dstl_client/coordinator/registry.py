@@ -1,4 +1,4 @@
-"""The shared state registry (seed 003): reference counts per stored object.
+"""The shared state registry: reference counts per stored object.
 
 Checkpoints share objects (a materialized part is re-referenced by later
 checkpoints; one sidecar object holds the sections of many writers). The

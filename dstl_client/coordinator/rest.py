@@ -1,4 +1,4 @@
-"""Dynamic checkpoint configuration over REST (seed 002, FLIP-571), served by the driver.
+"""Dynamic checkpoint configuration over REST (FLIP-571), served by the driver.
 
 * ``GET /jobs/{job_id}/checkpoints/config`` -> 200 with the effective values;
 * ``PATCH /jobs/{job_id}/checkpoints/configuration`` with a JSON body of

@@ -17,7 +17,7 @@ client, several writers per process on threads):
    size the service wrote. "Added" latency at quantile q is
    ``persist(q) - persist delay - put(q)``.
 
-Prints a table with PASS/MISS against DESIGN.md section 6 and writes a JSON
+Prints a table with PASS/MISS against the targets (README, Benchmarks) and writes a JSON
 report to ``loadtest/reports/`` (``--report-dir``). Every figure is what this
 run measured on this machine; nothing is extrapolated.
 

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = BenchConfig()
     p = argparse.ArgumentParser(
         prog="python -m loadtest.bench",
-        description="Benchmark one dstl-server process against DESIGN.md section 6.",
+        description="Benchmark one dstl-server process against the sidecar's latency and throughput targets.",
     )
     p.add_argument("--quick", action="store_true", help="a few seconds per phase (smoke test)")
     p.add_argument(

@@ -10,7 +10,7 @@ from pathlib import Path
 DEFAULT_REPORT_DIR = Path(__file__).resolve().parents[1] / "reports"
 MiB = 1 << 20
 
-# DESIGN.md section 6
+# the sidecar's targets (README, Benchmarks)
 TARGET_MB_PER_S = 200.0
 TARGET_CHANGES_PER_S = 1_000_000.0
 TARGET_ADDED_P50_MS = 5.0

@@ -1,4 +1,4 @@
-"""The verdicts of a report against DESIGN.md section 6 (the ``targets[]`` of the report)."""
+"""The verdicts of a report against the targets (the ``targets[]`` of the report)."""
 
 from __future__ import annotations
 

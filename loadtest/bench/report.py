@@ -73,7 +73,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['memory']['peak_rss_bytes'] / MiB:,.0f} MiB "
         f"(in-flight bound {report['memory']['max_in_flight_bytes'] / MiB:,.0f} MiB)",
         "",
-        "Targets (DESIGN.md section 6)",
+        "Targets (README, Benchmarks)",
     ]
     for t in report["targets"]:
         verdict = "PASS" if t["pass"] else "MISS"

@@ -19,7 +19,7 @@ One run, one real S3 server (SeaweedFS ``weed mini``) behind the fault proxy
   upload (hedges and retries); "extra requests" adds the deletes of losing
   attempts.
 
-Goal (DESIGN.md section 6): p99.9 cut by at least half against ``off`` for at
+Goal (the hedging target in the README's benchmarks): p99.9 cut by at least half against ``off`` for at
 most 5% extra requests. Prints a table and writes a JSON report to
 ``loadtest/reports/`` (``--report-dir``). Figures are what this run measured
 on this machine; a shared 2-core box is noisy, so compare modes within a run.

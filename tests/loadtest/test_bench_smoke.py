@@ -109,7 +109,7 @@ def test_targets_and_table(quick_run: tuple[subprocess.CompletedProcess[str], Pa
     for t in report["targets"]:
         verdict = "PASS" if t["pass"] else "MISS"
         assert f"{verdict}  {t['target']}" in proc.stdout
-    assert "Targets (DESIGN.md section 6)" in proc.stdout
+    assert "Targets (README, Benchmarks)" in proc.stdout
     # the run cleaned up: no server left, no objects left in the work dir
     assert _processes_mentioning(str(tmp / "work")) == []
     assert list((tmp / "work").rglob("*.dstl")) == []
