@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster bench-bounded clean
+.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster bench-bounded bench-api clean
 
 all: test
 
@@ -79,6 +79,9 @@ bench-cluster: $(BENCH_STAMP)
 
 bench-bounded: $(BENCH_STAMP)
 	$(PY) -m loadtest.bounded_bench $(BENCH_ARGS)
+
+bench-api: $(BENCH_STAMP)
+	$(PY) -m loadtest.api_bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -57,6 +57,14 @@ class TestS3BlobStoreHttp(BlobStoreContract):
         yield s3_store
 
 
+# On a loaded machine aiohttp's TLS shutdown of a pooled connection can outlive
+# the store's close(); the socket is then closed when it is collected, which
+# Python reports as an unraisable ResourceWarning. Only that report is tolerated
+# here (seen once in CI at load 9 on 2 cores, never reproduced alone).
+@pytest.mark.filterwarnings(
+    r"ignore:Exception ignored in. <(function _SelectorTransport|socket\.socket):"
+    "pytest.PytestUnraisableExceptionWarning"
+)
 class TestS3BlobStoreTls(BlobStoreContract):
     delete_counts_existing = False
 
