@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from dstl_client.state import INT64, TupleSerializer
+from loadtest.cluster_bench.job import MAX_P as MAX_P
+from loadtest.cluster_bench.job import OUTPUT_SCHEMA as OUTPUT_SCHEMA
+from loadtest.cluster_bench.job import output_sink as output_sink
 from tests.e2e._harness import crash_at
 
 AGG: TupleSerializer[Any] = TupleSerializer(INT64, INT64)
-OUTPUT_SCHEMA = "k string, count long, total long"
 OUTPUT_COLUMNS = ("k", "count", "total")
-MAX_P = 16
 
 
 def agg(key: Any, rows: list[dict[str, Any]], ctx: Any) -> Any:
@@ -94,15 +95,6 @@ def read_outputs(out_dir: Path) -> set[tuple[int, str, int, int]]:
         for row in pq.read_table(d).to_pylist():
             got.add((b, row["k"], row["count"], row["total"]))
     return got
-
-
-def output_sink(out_dir: Path) -> Any:
-    """An idempotent sink: each batch's output replaces that batch's directory."""
-
-    def sink(df: Any, batch_id: int) -> None:
-        df.write.mode("overwrite").parquet(str(out_dir / f"batch={batch_id}"))
-
-    return sink
 
 
 def session(cores: str = "2") -> Any:

@@ -9,23 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
+
+from tests.loadtest._procs import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
-
-
-def _processes_mentioning(text: str) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(text in part for part in p.info["cmdline"] or ()):
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +101,7 @@ def test_targets_and_table(quick_run: tuple[subprocess.CompletedProcess[str], Pa
         assert f"{verdict}  {t['target']}" in proc.stdout
     assert "Targets (README, Benchmarks)" in proc.stdout
     # the run cleaned up: no server left, no objects left in the work dir
-    assert _processes_mentioning(str(tmp / "work")) == []
+    assert processes_mentioning(str(tmp / "work")) == []
     assert list((tmp / "work").rglob("*.dstl")) == []
 
 
@@ -121,4 +111,4 @@ def test_a_failing_writer_fails_the_run(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "bench failed" in proc.stderr and "ChangeTooLarge" in proc.stderr
     assert not (tmp_path / "reports").exists()  # no report of a failed run
-    assert _processes_mentioning(str(tmp_path / "work")) == []
+    assert processes_mentioning(str(tmp_path / "work")) == []

@@ -8,25 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
+from tests.loadtest._procs import processes_mentioning
 from tests.s3_fixtures import require_weed
 
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.s3
-
-
-def _processes_mentioning(text: str) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(text in part for part in p.info["cmdline"] or ()):
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
 
 
 def _row(table: str, name: str) -> list[str]:
@@ -82,4 +71,4 @@ def test_tree_bench_runs_small_and_reports(tmp_path: Path) -> None:
     assert len(reports_written) == 1
     text = reports_written[0].read_text()
     assert "| tree2 |" in text and "## Goals" in text and "sidecar-2" in text
-    assert not _processes_mentioning(str(work)), "a sidecar outlived the benchmark"
+    assert not processes_mentioning(str(work)), "a sidecar outlived the benchmark"
