@@ -188,13 +188,12 @@ class SeaweedS3:
         }
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in _kill
         self.proc = subprocess.Popen(
-            args,
+            die_with_parent(args),
             cwd=run,
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=die_with_parent,  # only prctl() before exec: fork-safe
         )
 
     def _wait_ready(self) -> None:

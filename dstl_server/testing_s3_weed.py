@@ -12,7 +12,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import signal
 import socket
 import sys
 from pathlib import Path
@@ -114,10 +113,28 @@ def mini_args(weed: str, run: Path, ports: list[int], cert_args: list[str]) -> l
     ]
 
 
-def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    if sys.platform.startswith("linux"):
-        import ctypes
+#: Run by a fresh interpreter in place of ``preexec_fn``: ask Linux to SIGKILL this
+#: process when its parent dies, give up if the parent is already gone, then exec
+#: the real command. ``preexec_fn`` would force a real ``fork()`` of the caller,
+#: and in a process with gRPC loaded gRPC's fork handlers can abort that child
+#: (seen: "Epoll1Poller ... epoll_wait error: Bad file descriptor", SIGABRT)
+#: before it ever reaches ``exec``; without ``preexec_fn`` Python spawns with
+#: ``vfork``/``posix_spawn`` and no fork handler runs.
+_DIE_WITH_PARENT = (
+    "import ctypes,os,sys\n"
+    "if sys.platform.startswith('linux'):\n"
+    "    try: ctypes.CDLL(None, use_errno=True).prctl(1, 9)\n"
+    "    except Exception: pass\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(70)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
-        pr_set_pdeathsig = 1
-        with contextlib.suppress(Exception):
-            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+def die_with_parent(args: list[str]) -> list[str]:
+    """``args`` wrapped so the command is SIGKILLed when this process dies (Linux).
+
+    The wrapper is a tiny isolated Python (``-I -S``) that sets
+    ``PR_SET_PDEATHSIG`` and then execs ``args`` (the pid stays the same,
+    so ``Popen.kill`` reaches the real command). Elsewhere it only execs.
+    """
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *args]
