@@ -1,6 +1,7 @@
 """PySpark integration: keyed stateful processing of streaming DataFrames on the DSTL.
 
-:mod:`.keyed` (``process_keyed``, the driver's batch function), :mod:`.options`
+:mod:`.keyed` (``process_keyed``, the driver's batch function), :mod:`.chain`
+(``process_chain``: keyed operators chained in one query), :mod:`.options`
 (``KeyedOptions``), :mod:`.task` (the executor side), :mod:`.query` (``DstlQuery``),
 :mod:`.state_reader` (``read_state``: a retained checkpoint's state as a DataFrame;
 imported on first use, as it loads ``pyspark``).
@@ -11,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from dstl_client.spark.chain import ChainQuery, KeyedStage, process_chain
 from dstl_client.spark.keyed import process_keyed
 from dstl_client.spark.options import KeyedOptions, default_job_id
 from dstl_client.spark.query import DstlQuery
@@ -23,7 +25,16 @@ if TYPE_CHECKING:
 
 _STATE_READER = ("StateRow", "StateSpec", "iter_state_rows", "read_state")
 
-__all__ = ["DstlQuery", "KeyedOptions", "default_job_id", "process_keyed", *_STATE_READER]
+__all__ = [
+    "ChainQuery",
+    "DstlQuery",
+    "KeyedOptions",
+    "KeyedStage",
+    "default_job_id",
+    "process_chain",
+    "process_keyed",
+    *_STATE_READER,
+]
 
 
 def __getattr__(name: str) -> Any:

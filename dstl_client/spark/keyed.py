@@ -244,8 +244,6 @@ def run_keyed_query(
     coordinator.on_timeout = abort
     coordinator.start_watchdog()
     spark_checkpoint = opts.spark_checkpoint_dir
-    # Flink's operator index of the key group, computed by Spark
-    part_expr = partition_sql(key, parallelism, opts.max_parallelism)
 
     def run_batch(batch_df: Any, batch_id: int) -> None:
         if handle.stopping:
@@ -269,20 +267,16 @@ def run_keyed_query(
                 coordinator.end_batch(batch_id)
 
     def _run_plan(batch_df: Any, batch_id: int, plan: BatchPlan, started: float) -> None:
-        markers = batch_df.sparkSession.range(parallelism).select(
-            F.col("id").cast("int").alias(PART_COLUMN), F.lit(True).alias(MARKER_COLUMN)
-        )
         rows = batch_df if hooks.prepare is None else hooks.prepare(batch_df, batch_id, plan)
-        routed = (
-            rows.where(F.col(key).isNotNull())
-            .withColumn(PART_COLUMN, F.expr(part_expr))
-            .withColumn(MARKER_COLUMN, F.lit(False))
-            .unionByName(markers, allowMissingColumns=True)
-            .repartitionById(parallelism, F.col(PART_COLUMN))
-            .drop(PART_COLUMN)
-        )
         task = hooks.make_task(plan, batch_df, batch_id)
-        mapped = routed.mapInArrow(task, schemas.mapped)
+        mapped = route_and_map(
+            rows,
+            key=key,
+            parallelism=parallelism,
+            max_parallelism=opts.max_parallelism,
+            task=task,
+            schemas=schemas,
+        )
         is_result = F.col(META_COLUMN).isNotNull()
         if sink is None:
             metas = mapped.where(is_result).select(*RESULT_COLUMNS).collect()
@@ -308,17 +302,56 @@ def run_keyed_query(
             hooks.recorded(batch_id, [None if r[1] is None else bytes(r[1]) for r in metas])
 
     if opts.start:
-        writer = df.writeStream.foreachBatch(run_batch).option(
-            "checkpointLocation", str(spark_checkpoint)
-        )
-        if opts.trigger:
-            writer = writer.trigger(**opts.trigger)
-        if opts.query_name:
-            writer = writer.queryName(opts.query_name)
         try:
-            handle.query = writer.start()
+            handle.query = start_query(df, run_batch, opts)
         except BaseException:
             with contextlib.suppress(Exception):
                 coordinator.close()
             raise
     return handle
+
+
+def start_query(df: Any, run_batch: Callable[[Any, int], None], opts: KeyedOptions) -> Any:
+    """Start ``df.writeStream.foreachBatch(run_batch)`` with the query options of ``opts``."""
+    writer = df.writeStream.foreachBatch(run_batch).option(
+        "checkpointLocation", str(opts.spark_checkpoint_dir)
+    )
+    if opts.trigger:
+        writer = writer.trigger(**opts.trigger)
+    if opts.query_name:
+        writer = writer.queryName(opts.query_name)
+    return writer.start()
+
+
+def route_and_map(
+    rows: Any,
+    *,
+    key: str,
+    parallelism: int,
+    max_parallelism: int,
+    task: TaskFunction,
+    schemas: KeyedSchemas,
+) -> Any:
+    """``rows`` (null keys dropped) routed to their subtasks, through ``task`` (``mapInArrow``).
+
+    Each row goes to the subtask of its key group (Flink's operator index,
+    computed by Spark: :func:`~dstl_client.keygroups.partition_sql`); one
+    marker row per subtask makes every subtask run, with data or without.
+    The result has ``schemas.mapped``: the user's output rows, then one
+    result row per task.
+    """
+    from pyspark.sql import functions as F
+
+    part_expr = partition_sql(key, parallelism, max_parallelism)
+    markers = rows.sparkSession.range(parallelism).select(
+        F.col("id").cast("int").alias(PART_COLUMN), F.lit(True).alias(MARKER_COLUMN)
+    )
+    routed = (
+        rows.where(F.col(key).isNotNull())
+        .withColumn(PART_COLUMN, F.expr(part_expr))
+        .withColumn(MARKER_COLUMN, F.lit(False))
+        .unionByName(markers, allowMissingColumns=True)
+        .repartitionById(parallelism, F.col(PART_COLUMN))
+        .drop(PART_COLUMN)
+    )
+    return routed.mapInArrow(task, schemas.mapped)
