@@ -162,6 +162,8 @@ class TaskResult:
     stats: TaskStats = field(default_factory=TaskStats)
     #: the log id of the subtask's changelog writer (the driver closes it on stop)
     log_id: str = ""
+    #: the snapshot of its operator lists, if it wrote one this batch
+    op_state: ChangelogHandle | None = None
 
     @property
     def kg_range(self) -> KeyGroupRange:
@@ -173,6 +175,8 @@ class TaskResult:
             keys.update(self.changelog.object_keys)
         if self.mat is not None and self.mat.part is not None:
             keys.update(self.mat.part.object_keys)
+        if self.op_state is not None:
+            keys.update(self.op_state.object_keys)
         return keys
 
     def to_bytes(self) -> bytes:
@@ -187,6 +191,7 @@ class TaskResult:
             "mat_error": self.mat_error,
             "stats": self.stats.to_json(),
             "log_id": self.log_id,
+            "op_state": None if self.op_state is None else handle_to_text(self.op_state),
         }
         return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
@@ -208,4 +213,5 @@ class TaskResult:
             mat_error=str(doc.get("mat_error") or ""),
             stats=TaskStats.from_json(doc.get("stats")),
             log_id=str(doc.get("log_id") or ""),
+            op_state=None if not doc.get("op_state") else handle_from_text(doc["op_state"]),
         )

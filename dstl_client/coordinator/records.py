@@ -11,7 +11,10 @@ overwritten) says, for the whole keyed operator:
   ``parts``: those parts' handles (a part is the snapshot one subtask
   uploaded at one materialization);
 * ``segments``: the changelog since the materialization, one handle per
-  subtask and batch, with the key-group range of the writer and the batch.
+  subtask and batch, with the key-group range of the writer and the batch;
+* ``operator_state``: per subtask (of ``parallelism``) the handle of its
+  operator (non-keyed) lists, if it has any (see
+  :mod:`dstl_client.state.operator_state`).
 
 Restoring key group ``kg``: load its rows from ``parts[kg_map[kg].part]``,
 then replay, in batch order, every segment holding ``kg`` whose batch is
@@ -127,6 +130,8 @@ class CheckpointRecord:
     created_unix: float = 0.0
     #: the checkpoint's figures as known when the record was written
     stats: CheckpointStats | None = None
+    #: ``(subtask index, handle)`` of each subtask's operator lists, by index
+    operator_state: tuple[tuple[int, ChangelogHandle], ...] = ()
 
     # ------------------------------------------------------------ queries
     def object_keys(self) -> set[str]:
@@ -136,6 +141,8 @@ class CheckpointRecord:
             keys.update(h.object_keys)
         for s in self.segments:
             keys.update(s.handle.object_keys)
+        for _index, h in self.operator_state:
+            keys.update(h.object_keys)
         return keys
 
     def subtask_for(self, kg_range: KeyGroupRange) -> SubtaskInfo | None:
@@ -160,6 +167,7 @@ class CheckpointRecord:
             self.kg_map,
             self.parts,
             self.segments,
+            operator_state=self.operator_state,
         )
 
     # -------------------------------------------------------------- codec
@@ -180,6 +188,7 @@ class CheckpointRecord:
                 [s.batch, s.first, s.last, handle_to_text(s.handle)] for s in self.segments
             ],
             "stats": None if self.stats is None else self.stats.to_json(),
+            "operator_state": [[i, handle_to_text(h)] for i, h in self.operator_state],
         }
 
     def to_bytes(self) -> bytes:
@@ -207,6 +216,9 @@ class CheckpointRecord:
             source_progress=doc.get("source_progress"),
             created_unix=float(doc.get("created_unix", 0.0)),
             stats=CheckpointStats.from_json(doc["stats"]) if doc.get("stats") else None,
+            operator_state=tuple(
+                (int(i), handle_from_text(h)) for i, h in doc.get("operator_state") or ()
+            ),
         )
 
     @classmethod
@@ -238,6 +250,7 @@ def next_record(
     segments every key group of which is covered by a materialization taken at
     or after their batch are dropped, and so are parts no key group uses.
     """
+    results = list(results)  # read twice
     per_kg: list[tuple[str | None, int]] = (
         prev.mat_per_kg() if prev is not None else [(None, NO_BATCH)] * max_parallelism
     )
@@ -284,4 +297,28 @@ def next_record(
         source_progress=source_progress,
         created_unix=created_unix,
         stats=stats,
+        operator_state=_operator_state(prev, parallelism, results),
     )
+
+
+def _operator_state(
+    prev: CheckpointRecord | None, parallelism: int, results: Iterable[TaskResult]
+) -> tuple[tuple[int, ChangelogHandle], ...]:
+    """Each subtask's operator-state handle: the one it wrote, else the recorded one.
+
+    A recorded handle is carried over only while the parallelism is
+    unchanged: after a rescale every subtask rewrites its redistributed lists.
+    """
+    carried = dict(prev.operator_state) if prev is not None else {}
+    same = prev is not None and prev.parallelism == parallelism
+    out: dict[int, ChangelogHandle] = {}
+    for r in results:
+        if r.op_state is not None:
+            out[r.index] = r.op_state
+        elif same and r.index in carried:
+            out[r.index] = carried[r.index]
+        elif carried and not same:
+            raise InvalidArgument(
+                f"subtask {r.index} did not rewrite its operator state after a rescale"
+            )
+    return tuple(sorted(out.items()))

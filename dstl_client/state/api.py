@@ -12,7 +12,8 @@ serializer; every state is scoped to the context's current key::
         yield (key, total.value())
 
 A name belongs to one kind of state for the job's lifetime (a value state and
-a map state cannot share a name).
+a map state cannot share a name). ``ctx.operator_list_state(name, serializer,
+mode)`` is the subtask's non-keyed list (:mod:`.operator_state`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from dstl_client.core.errors import InvalidArgument
 from dstl_client.state.backend import KeyedStateBackend
 from dstl_client.state.changes import encode_element, iter_elements, map_prefix, state_prefix
+from dstl_client.state.operator_state import OperatorListState, OperatorStates
 from dstl_client.state.serializers import Serializer
 
 V = TypeVar("V")
@@ -193,12 +195,37 @@ class ReducingState(_State, Generic[V]):
 
 
 class KeyedContext:
-    """What a keyed function gets: the current key, the batch id and its states."""
+    """What a keyed function gets: the current key, the batch id and its states.
 
-    def __init__(self, backend: KeyedStateBackend, batch_id: int = -1) -> None:
+    Keyed states are scoped to the current key; operator list states
+    (:meth:`operator_list_state`) to the subtask.
+    """
+
+    def __init__(
+        self,
+        backend: KeyedStateBackend,
+        batch_id: int = -1,
+        operator_states: OperatorStates | None = None,
+    ) -> None:
         self._backend = backend
         self.batch_id = batch_id
         self._states: dict[str, tuple[str, Any]] = {}
+        self._operator_states = operator_states
+
+    def operator_list_state(
+        self, name: str, serializer: Serializer[V], mode: str = "split"
+    ) -> OperatorListState[V]:
+        """The subtask's (non-keyed) list called ``name``, whatever the current key.
+
+        On a rescale its elements are redistributed by ``mode``: ``"split"``
+        (the old lists, concatenated, cut evenly) or ``"union"`` (every
+        subtask gets all); see :mod:`dstl_client.state.operator_state`.
+        """
+        if self._operator_states is None:
+            raise InvalidArgument(
+                "operator state needs checkpoints: it is not available in sorted (bounded) mode"
+            )
+        return self._operator_states.list_state(name, serializer, mode)
 
     @property
     def current_key(self) -> object:

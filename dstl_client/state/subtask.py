@@ -51,6 +51,7 @@ from dstl_client.state.api import KeyedContext
 from dstl_client.state.backend import ChangelogStateBackend
 from dstl_client.state.clients import resolve_address, resolve_state_dir, shared_client
 from dstl_client.state.materialize import Materializer, MatOutcome
+from dstl_client.state.operator_state import OperatorStates
 from dstl_client.state.restore import restore_subtask
 from dstl_client.state.store import NO_VERSION, LocalKeyedStore
 from dstl_client.state.store_dirs import store_dir
@@ -90,6 +91,7 @@ class Subtask:
         self._materializer: Materializer | None = None
         self._mat = MatOutcome()
         self.context: KeyedContext | None = None
+        self._operator_states: OperatorStates | None = None
         self.start_sqn = 0
 
     # --------------------------------------------------------------- open
@@ -125,7 +127,8 @@ class Subtask:
         self._backend = ChangelogStateBackend(
             self.store, plan.max_parallelism, writer, cache_rows=plan.cache_rows
         )
-        self.context = KeyedContext(self._backend, plan.batch_id)
+        self._operator_states = OperatorStates(plan, self.index, self.kg_range, self.client)
+        self.context = KeyedContext(self._backend, plan.batch_id, self._operator_states)
         return self.context
 
     def _prepare_version(self) -> None:
@@ -263,6 +266,9 @@ class Subtask:
         t0 = time.perf_counter()
         backend.flush_log()
         handle = writer.persist_durably(after=self.start_sqn).result(timeout=plan.persist_timeout_s)
+        op_state = (
+            None if self._operator_states is None else self._operator_states.write_if_needed()
+        )
         t1 = time.perf_counter()
         mat = self._join_materialization()
         t_mat = time.perf_counter() - t1
@@ -299,6 +305,7 @@ class Subtask:
             mat_error=mat.error,
             stats=self.stats,
             log_id=writer.log_id,
+            op_state=op_state,
         )
 
     def _join_materialization(self) -> MatOutcome:
