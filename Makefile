@@ -57,6 +57,8 @@ bench: $(BENCH_STAMP)
 	$(PY) -m loadtest.wire_fuzz
 	$(PY) -m loadtest.tree_bench
 	$(PY) -m loadtest.cluster_bench
+	$(PY) -m loadtest.bounded_bench
+	$(PY) -m loadtest.api_bench
 
 bench-core: $(BENCH_STAMP)
 	$(PY) -m loadtest.bench $(BENCH_ARGS)
