@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster bench-bounded bench-api clean
+.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster bench-bounded bench-api bench-recovery clean
 
 all: test
 
@@ -59,6 +59,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m loadtest.cluster_bench
 	$(PY) -m loadtest.bounded_bench
 	$(PY) -m loadtest.api_bench
+	$(PY) -m loadtest.recovery_bench
 
 bench-core: $(BENCH_STAMP)
 	$(PY) -m loadtest.bench $(BENCH_ARGS)
@@ -84,6 +85,10 @@ bench-bounded: $(BENCH_STAMP)
 
 bench-api: $(BENCH_STAMP)
 	$(PY) -m loadtest.api_bench $(BENCH_ARGS)
+
+# restore from a materialization + changelog tail vs a full snapshot vs Spark's RocksDB store
+bench-recovery: $(BENCH_STAMP)
+	$(PY) -m loadtest.recovery_bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from array import array
 
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import ChangeTooLarge, KeyGroupOutOfRange
 
@@ -76,22 +78,27 @@ class ChangeBuffer:
 
     def drain(self) -> list[pb.KeyGroupChanges]:
         """Take everything buffered as protobuf messages, in key-group order."""
-        out = []
+        request = pb.AppendRequest()
+        self.drain_into(request.changes)
+        return list(request.changes)
+
+    def drain_into(self, parts: RepeatedCompositeFieldContainer[pb.KeyGroupChanges]) -> None:
+        """Move everything buffered into ``parts`` (a request's ``changes``), in key-group order.
+
+        Each part is built in place in the request: its bytes are copied once.
+        """
         for kg in sorted(self._sizes):
             sizes = self._sizes[kg]
             if not _LITTLE:  # pragma: no cover
                 sizes.byteswap()
-            out.append(
-                pb.KeyGroupChanges(
-                    key_group=kg,
-                    count=len(sizes),
-                    sizes=sizes.tobytes(),
-                    payload=bytes(self._payload[kg]),
-                )
+            parts.add(
+                key_group=kg,
+                count=len(sizes),
+                sizes=sizes.tobytes(),
+                payload=bytes(self._payload[kg]),
             )
         self._sizes.clear()
         self._payload.clear()
         self.nbytes = 0
         self.framing = 0
         self.count = 0
-        return out

@@ -38,6 +38,8 @@ __all__ = ["REQUEST_MARGIN_BYTES", "ChangelogClient", "ChangelogWriter"]
 DEFAULT_BATCH_BYTES = 1 << 20
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+#: how writers send their calls: "stream" (one Session stream per writer) or "unary"
+TRANSPORTS = ("stream", "unary")
 
 
 class ChangelogClient:
@@ -53,6 +55,12 @@ class ChangelogClient:
     rather than let a request grow past it), and ``batch_bytes`` must leave
     ``REQUEST_MARGIN_BYTES`` below it. The sidecar's ``max_request_bytes``
     should not be smaller.
+
+    ``transport`` is how writers send ``append``, ``last_appended_sqn``,
+    ``persist_durably`` and ``truncate``: ``"stream"`` (the default) on one
+    long-lived ``Session`` stream per writer, opened at its first call (a
+    fraction of a unary call's cost on the sidecar), or ``"unary"``, one RPC
+    per call. The public API and its guarantees are the same either way.
     """
 
     def __init__(
@@ -64,7 +72,10 @@ class ChangelogClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        transport: str = "stream",
     ) -> None:
+        if transport not in TRANSPORTS:
+            raise ConfigError(f"transport={transport!r}: must be one of {', '.join(TRANSPORTS)}")
         if batch_bytes < 1 or batch_bytes > max_message_bytes - REQUEST_MARGIN_BYTES:
             raise ConfigError(
                 f"batch_bytes={batch_bytes} must be between 1 and max_message_bytes "
@@ -76,6 +87,7 @@ class ChangelogClient:
         self.timeout_s = timeout_s
         self.batch_bytes = batch_bytes
         self.max_message_bytes = max_message_bytes
+        self.transport = transport
         creds, self._metadata = credentials_and_metadata(token, root_certificates)
         options = channel_options(max_message_bytes)
         if creds is None:

@@ -16,6 +16,7 @@ import grpc
 
 from dstl_client._buffer import PART_FRAMING_BYTES, ChangeBuffer
 from dstl_client._status import to_dstl_error
+from dstl_client._stream import WriterStream
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import (
     CallLost,
@@ -43,6 +44,10 @@ class ChangelogWriter:
 
     Appends are buffered and sent in batches (``batch_bytes``); every other
     call sends the buffer first, so the sidecar sees changes in call order.
+    Calls go on the writer's own ``Session`` stream (opened at its first call,
+    see :mod:`dstl_client._stream`) unless the client's ``transport`` is
+    ``"unary"``; the rules below are the same for both: a request waiting on
+    a stream that ends fails as a lost unary call does.
     Bad input (key group outside the range, a change over the limit) raises
     at ``append``, before anything is buffered.
 
@@ -99,6 +104,9 @@ class ChangelogWriter:
         # resolved once the outcome of the latest persist is settled: a persist's
         # handle is delivered only after every earlier persist's outcome is known
         self._last_persist: concurrent.futures.Future[None] | None = None
+        # the Session stream (client transport "stream"), opened at the first call
+        self._use_stream = client.transport == "stream"
+        self._stream: WriterStream | None = None
 
     @property
     def failed(self) -> DstlError | None:
@@ -162,33 +170,52 @@ class ChangelogWriter:
         self._seq += 1
         return self._seq
 
+    def _open_stream(self) -> WriterStream:
+        """The writer's stream; a new one if it has none or it ended (under the lock)."""
+        stream = self._stream
+        if stream is None or stream.broken is not None:
+            stream = self._stream = WriterStream(self.client, self.log_id)
+        return stream
+
+    def _on_stream(self, request: pb.SessionRequest) -> pb.SessionResponse:
+        """Send ``request`` on the stream and wait for its answer (under the lock)."""
+        return self._open_stream().call(request, self.client.timeout_s)
+
     def _send_locked(self) -> None:
         if not self._buffer.count:
             return
         seq = self._next_seq()
         try:
-            resp = self.client._call(
-                self.client._stub.Append,
-                pb.AppendRequest(
-                    log_id=self.log_id,
-                    changes=self._buffer.drain(),
-                    session=self._session,
-                    seq=seq,
-                ),
-            )
+            if self._use_stream:
+                request = pb.SessionRequest()
+                request.append.log_id = self.log_id
+                self._buffer.drain_into(request.append.changes)
+                resp: Any = self._on_stream(request)
+            else:
+                unary = pb.AppendRequest(log_id=self.log_id, session=self._session, seq=seq)
+                self._buffer.drain_into(unary.changes)
+                resp = self.client._call(self.client._stub.Append, unary)
         except BaseException as exc:
             # append() returned for these changes; they may be lost: fail for good
             self._fail(exc, seq)
             raise
         self.last_sqn = int(resp.sqn)
 
-    def _call_ordered(self, method: Any, request: Any) -> Any:
+    def _call_ordered(self, call: str, method: Any, request_type: Any, **fields: Any) -> Any:
         """A call without changes; one whose outcome is unknown fails the writer."""
+        seq = self._next_seq()
         try:
-            return self.client._call(method, request)
+            if self._use_stream:
+                request = pb.SessionRequest()
+                getattr(request, call).CopyFrom(request_type(log_id=self.log_id, **fields))
+                return self._on_stream(request)
+            return self.client._call(
+                method,
+                request_type(log_id=self.log_id, session=self._session, seq=seq, **fields),
+            )
         except BaseException as exc:
             if _outcome_unknown(exc):
-                self._fail(exc, request.seq)
+                self._fail(exc, seq)
             raise
 
     def flush(self) -> None:
@@ -203,10 +230,7 @@ class ChangelogWriter:
             self._check_open()
             self._send_locked()
             resp = self._call_ordered(
-                self.client._stub.LastAppendedSqn,
-                pb.LastAppendedSqnRequest(
-                    log_id=self.log_id, session=self._session, seq=self._next_seq()
-                ),
+                "last_appended_sqn", self.client._stub.LastAppendedSqn, pb.LastAppendedSqnRequest
             )
             return int(resp.sqn)
 
@@ -221,22 +245,27 @@ class ChangelogWriter:
         settled: concurrent.futures.Future[None] = concurrent.futures.Future()
         with self._lock:
             self._check_open()
+            seq = self._next_seq()
             # The buffered changes travel inside the persist call: one round
             # trip per checkpoint instead of two.
-            changes = self._buffer.drain() if self._buffer.count else []
-            seq = self._next_seq()
+            changes = self._buffer.count > 0
             previous, self._last_persist = self._last_persist, settled
             try:
-                call = self.client._stub.PersistDurably.future(
-                    pb.PersistRequest(
-                        log_id=self.log_id,
-                        after=after,
-                        changes=changes,
-                        session=self._session,
-                        seq=seq,
-                    ),
-                    metadata=self.client._metadata,
-                )
+                if self._use_stream:
+                    request = pb.SessionRequest()
+                    persist = request.persist
+                    persist.log_id = self.log_id
+                    persist.after = after
+                    self._buffer.drain_into(persist.changes)
+                    call: Any = self._open_stream().submit(request)
+                else:
+                    unary = pb.PersistRequest(
+                        log_id=self.log_id, after=after, session=self._session, seq=seq
+                    )
+                    self._buffer.drain_into(unary.changes)
+                    call = self.client._stub.PersistDurably.future(
+                        unary, metadata=self.client._metadata
+                    )
             except BaseException as exc:  # e.g. the channel is closed
                 if changes:
                     self._fail(exc, seq)
@@ -261,9 +290,9 @@ class ChangelogWriter:
             outcome: ChangelogHandle | BaseException
             try:
                 outcome = ChangelogHandle.from_proto(f.result().handle)
-            except grpc.RpcError as exc:
+            except grpc.RpcError as exc:  # unary
                 outcome = to_dstl_error(exc, self.client.target)
-            except BaseException as exc:  # grpc.FutureCancelledError, a bad handle...
+            except BaseException as exc:  # a refusal on the stream, a bad handle...
                 outcome = exc
             if isinstance(outcome, BaseException) and (
                 (changes and not isinstance(outcome, UploadFailed))
@@ -284,10 +313,7 @@ class ChangelogWriter:
             self._check_open()
             self._send_locked()
             self._call_ordered(
-                self.client._stub.Truncate,
-                pb.TruncateRequest(
-                    log_id=self.log_id, before=before, session=self._session, seq=self._next_seq()
-                ),
+                "truncate", self.client._stub.Truncate, pb.TruncateRequest, before=before
             )
 
     def close(self) -> None:
@@ -300,6 +326,9 @@ class ChangelogWriter:
                 return
             self._closed = True
             self._buffer.drain()
+            if self._stream is not None:
+                self._stream.close()  # answers still due arrive; then it ends
+                self._stream = None
             try:
                 self.client._call(
                     self.client._stub.CloseWriter, pb.CloseWriterRequest(log_id=self.log_id)

@@ -15,8 +15,10 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from dstl_client.core._pb import dstl_pb2
+from dstl_client.core.errors import ConfigError
 from dstl_server.auth import Authenticator, TokenAuthInterceptor
 from dstl_server.forwarder import ParentForwarder
+from dstl_server.grpc_metrics import GrpcMetricsInterceptor
 from dstl_server.hedging import make_uploader
 from dstl_server.housekeeping import StoreHousekeeping
 from dstl_server.memory import release_free_memory
@@ -78,6 +80,7 @@ class DstlServer:
             self.store,
             on_health=self._set_health,
             metrics=self.metrics,
+            probe_interval_s=settings.store_probe_interval_s,
             leftover_age_s=2 * max(settings.upload_deadline_s, settings.upload_timeout_s),
         )
         self.port: int | None = None
@@ -96,7 +99,8 @@ class DstlServer:
 
     async def start(self) -> None:
         s = self.settings
-        interceptors = []
+        # outermost: per-method counts and durations, refused calls included
+        interceptors: list[grpc.aio.ServerInterceptor] = [GrpcMetricsInterceptor(self.metrics)]
         if self.auth is not None:
             refusals = self.metrics.auth_refusals.labels("unauthenticated")
             interceptors.append(TokenAuthInterceptor(self.auth, refusals.inc))
@@ -137,6 +141,18 @@ class DstlServer:
         # health (readiness) from the store, and the start sweep removes the temp
         # files of writes an earlier process left (no write of ours runs yet).
         await self.housekeeping.start()
+        # A store that refuses us (no such bucket, refused credentials, a directory
+        # that cannot be written) is a configuration error: stop now. One that is
+        # merely unreachable is not: serve, NOT_SERVING until it answers.
+        error = self.housekeeping.last_error
+        if error is not None and self.store.fatal_at_start(error):
+            await self.housekeeping.stop()
+            await server.stop(None)
+            await self.store.close()
+            if s.unix_socket:
+                Path(s.unix_socket).unlink(missing_ok=True)
+            why = " ".join(error.message.split())  # one line
+            raise ConfigError(f"setting storage={s.storage!r}: the store refused us: {why}")
         await server.start()
         if s.unix_socket:
             os.chmod(s.unix_socket, 0o660)
@@ -156,13 +172,30 @@ class DstlServer:
             self.metrics_port = httpd.server_address[1]
         self._sweeper = asyncio.get_running_loop().create_task(self._expire_idle_writers())
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        log.warning(
-            "dstl-server serving on %s%s, storage %s, metrics port %s",
-            f"{s.listen.rpartition(':')[0]}:{self.port}" if self.port else "",
-            f" unix://{s.unix_socket}" if s.unix_socket else "",
-            self.store.url,
-            self.metrics_port,
+        # the start banner (INFO: quiet by default; the CLI prints its READY line anyway)
+        log.info(
+            "dstl-server serving",
+            extra={
+                "listen": f"{s.listen.rpartition(':')[0]}:{self.port}" if self.port else "",
+                "unix_socket": s.unix_socket,
+                "storage": self.store.url,
+                "store_up": self.store_up,
+                "metrics_port": self.metrics_port,
+                "epoch": self.epoch,
+            },
         )
+        if not self.store_up:
+            log.warning(
+                "store %s does not answer yet, health NOT_SERVING until it does: %s",
+                self.store.url,
+                self.housekeeping.last_error,
+                extra={"storage": self.store.url},
+            )
+
+    @property
+    def store_up(self) -> bool:
+        """Whether the store answered its latest probe (health follows it)."""
+        return bool(self.housekeeping.up)
 
     async def _set_health(self, store_up: bool) -> None:
         """Readiness follows the store; liveness ("") does not (a restart would not help)."""
@@ -216,14 +249,13 @@ class DstlServer:
             )
             self.metrics.persists_abandoned.inc(abandoned)
             log.error(
-                "shutdown: uploads still running after %.1fs grace; %d waiting persist(s) "
+                "shutdown: uploads still running after the grace; waiting persists "
                 "failed with SHUTTING_DOWN",
-                grace,
-                abandoned,
+                extra={"grace_s": grace, "abandoned_persists": abandoned},
             )
         # the handlers of abandoned persists answer now, with their typed error
         if not await self.service.wait_idle(max(1.0, deadline - loop_time())):
-            log.warning("shutdown: calls still running after %.1fs grace", grace)
+            log.warning("shutdown: calls still running after the grace", extra={"grace_s": grace})
         # Only long-lived streams (health Watch) can be left: cut them now
         # instead of holding the exit for the whole grace period.
         if self._grpc is not None:

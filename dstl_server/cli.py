@@ -4,18 +4,62 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import logging
+import re
 import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import Any, NoReturn
 
 from dstl_client.core.errors import ConfigError
-from dstl_server.settings import ServerSettings, env_name
+from dstl_server.settings import (
+    ServerSettings,
+    env_name,
+    flag_name,
+    format_size,
+    is_size,
+    parse_value,
+    unknown_environment,
+)
+
+log = logging.getLogger(__name__)
+
+
+def package_version() -> str:
+    """The installed ``dstl`` distribution's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dstl")
+    except PackageNotFoundError:  # pragma: no cover - run from a tree that is not installed
+        return "unknown (not installed)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with errors on one line (no usage block): exit 2, like every config error."""
+
+    def error(self, message: str) -> NoReturn:
+        # "argument --x: --x='v': expected ..." -> "--x='v': expected ..."
+        message = re.sub(r"^argument [^:]+: (?=--)", "", message)
+        unrecognized = "unrecognized arguments: "
+        if message.startswith(unrecognized):  # name the options, never echo values (secrets)
+            words = message[len(unrecognized) :].split()
+            names = [w.split("=", 1)[0] for w in words if w.startswith("-")]
+            message = unrecognized + (" ".join(names) or f"{len(words)} positional value(s)")
+        self.exit(2, f"{self.prog}: configuration error: {message} (see {self.prog} --help)\n")
+
+
+def _flag_value(name: str, raw: str) -> Any:
+    try:
+        return parse_value(name, raw, flag_name(name))
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dstl-server",
         allow_abbrev=False,  # "--auth-secret" must not silently mean "--auth-secret-file"
         description="Durable Short-term Log sidecar: batches state changes of every "
@@ -26,12 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
     for f in fields(ServerSettings):
         if f.metadata["env_only"]:
             continue  # secrets: environment or file only, never visible in `ps`
-        flag = "--" + f.name.replace("_", "-")
-        unit = f" [{f.metadata['unit']}]" if f.metadata["unit"] else ""
-        help_text = f"{f.metadata['doc']}{unit} (default {f.default!r}; env {env_name(f.name)})"
-        default: Any = None
+        flag = flag_name(f.name)
         if f.default is MISSING:  # pragma: no cover - every setting has a default
             raise AssertionError(f.name)
+        unit = f" [{f.metadata['unit']}]" if f.metadata["unit"] else ""
+        default_text = repr(f.default)
+        if is_size(f.name):
+            unit, default_text = (
+                " [bytes; units: KiB, MiB, GiB, KB, MB, GB]",
+                format_size(f.default),
+            )
+        help_text = f"{f.metadata['doc']}{unit} (default {default_text}; env {env_name(f.name)})"
+        default: Any = None
         if isinstance(f.default, bool):
             parser.add_argument(
                 flag,
@@ -42,11 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
             )
         else:
             parser.add_argument(
-                flag, dest=f.name, default=default, type=type(f.default), help=help_text
+                flag,
+                dest=f.name,
+                default=default,
+                type=functools.partial(_flag_value, f.name),
+                metavar=f.name.upper(),
+                help=help_text,
             )
     parser.add_argument(
         "--print-config", action="store_true", help="print the effective settings and exit"
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument(
         "--print-token",
         metavar="JOB_ID",
@@ -71,14 +127,16 @@ async def serve(settings: ServerSettings) -> int:
     from dstl_server.app import DstlServer
 
     server = DstlServer(settings)
-    await server.start()
+    await server.start()  # a store that refuses us (no bucket, bad credentials): ConfigError
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    # A line on stdout tells supervisors and tests where we listen.
+    # A line on stdout tells supervisors and tests where we listen; store=down when
+    # the store did not answer the start probe (health: NOT_SERVING until it does).
     print(
-        f"READY grpc={server.address} metrics_port={server.metrics_port} epoch={server.epoch}",
+        f"READY grpc={server.address} metrics_port={server.metrics_port} epoch={server.epoch} "
+        f"store={'up' if server.store_up else 'down'}",
         flush=True,
     )
     await stop.wait()
@@ -107,9 +165,17 @@ def _fix_malloc_mmap_threshold() -> None:
         pass
 
 
+def _unknown_text(var: str, close: str) -> str:
+    hint = f"; did you mean {close}?" if close else ""
+    return f"unknown environment variable {var} ignored (not a dstl setting{hint})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    try:
+        ns = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) or a bad flag (2, one line printed)
+        return exc.code if isinstance(exc.code, int) else 2
     overrides = {
         k: v
         for k, v in vars(ns).items()
@@ -121,7 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"dstl-server: configuration error: {exc.message}", file=sys.stderr)
         return 2
+    unknown = unknown_environment()
     if ns.print_config:
+        for var, close in unknown:
+            print(f"dstl-server: warning: {_unknown_text(var, close)}", file=sys.stderr)
         for f in fields(settings):
             value = getattr(settings, f.name)
             if f.metadata["env_only"] and value:
@@ -149,11 +218,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dstl_server.logs import setup_logging
 
     setup_logging(settings.log_level)
+    for var, close in unknown:
+        log.warning(
+            "%s", _unknown_text(var, close), extra={"fields": {"variable": var, "closest": close}}
+        )
     _fix_malloc_mmap_threshold()
     try:
         import uvloop
 
         abandoned = uvloop.run(serve(settings))
+    except ConfigError as exc:  # found at start: the store refused the start-up check
+        print(f"dstl-server: configuration error: {exc.message}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"dstl-server: cannot start: {exc}", file=sys.stderr)
         return 1

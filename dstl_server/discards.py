@@ -126,8 +126,11 @@ class LoserDiscarder:
                     await self._delete(keys)
         except Exception as exc:
             self.metrics.discard_failures.inc(len(keys))
-            more = f" and {len(keys) - 1} other losing attempt(s)" if len(keys) > 1 else ""
-            log.warning("could not delete failed attempt %s%s: %s", keys[0], more, exc)
+            log.warning(
+                "could not delete the objects of losing or failed upload attempts: %s",
+                exc,
+                extra={"object_key": keys[0], "object_keys": len(keys)},
+            )
         else:
             self.metrics.attempts_discarded.inc(len(keys))
 

@@ -34,7 +34,8 @@ class StoreHousekeeping:
     * The store is up iff its latest probe returned within
       ``probe_timeout_s``; ``up``, ``last_error`` and the ``dstl_store_up``
       gauge show that state, ``dstl_store_probe_failures_total`` counts failed
-      probes.
+      probes. A store that stops answering is logged once (the failure of
+      the start probe is left to the caller: ``last_error``).
     * The start sweep (``sweep_leftovers(0)``: every temp file, they all
       belong to an earlier process) runs once, with the first probe that
       succeeds. After it, every ``sweep_every``-th round that finds the store
@@ -142,7 +143,9 @@ class StoreHousekeeping:
             if self.metrics is not None:
                 self.metrics.store_up.set(1)
             return True
-        if self.up is not False:
+        # The start probe's failure is the caller's to report (the sidecar either
+        # exits on it or logs it in its "serving" line); later ones are logged here.
+        if self.up is True:
             log.warning("store %s does not answer: %s", self.store.url, error.message)
         self.up, self.last_error = False, error
         if self.metrics is not None:

@@ -23,7 +23,7 @@ PART_OVERHEAD_BYTES = 256
 
 def held_bytes(changeset: Changeset) -> int:
     """Bytes the budget charges for a changeset: data plus per-part overhead."""
-    return sum(p.nbytes + PART_OVERHEAD_BYTES for parts in changeset.groups.values() for p in parts)
+    return changeset.nbytes + PART_OVERHEAD_BYTES * changeset.nparts
 
 
 class ChangePart(Protocol):

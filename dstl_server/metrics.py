@@ -3,11 +3,30 @@
 Each :class:`ServerMetrics` owns its own registry, so several servers can run
 in one process (tests) without clashing. Metrics are updated from the event
 loop thread and from upload threads; prometheus-client's types are thread-safe.
+
+Besides the ``dstl_*`` metrics below, the registry carries prometheus-client's
+process (``process_*``: CPU, memory, file descriptors) and Python
+(``python_info``, ``python_gc_*``) collectors, as its default registry would.
+The driver's metrics are ``dstl_driver_*``
+(:mod:`dstl_client.coordinator.metrics`): no name is exported by both with
+different meanings, and no label is called ``job`` (Prometheus reserves it for
+the scrape job; ``job_id`` it is). ``docs/observability.md`` lists them all.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import platform
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -27,6 +46,18 @@ _LATENCY_BUCKETS = (
 )
 _SIZE_BUCKETS = tuple(float(1 << n) for n in range(10, 31, 2))  # 1 KiB .. 1 GiB
 _COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+#: gRPC call durations: unary calls (ms) up to streams that live for hours
+_GRPC_BUCKETS = (*_LATENCY_BUCKETS, 60.0, 300.0, 1800.0, 3600.0)
+
+
+def package_version() -> str:
+    """The installed ``dstl`` distribution's version (``unknown`` when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dstl")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "unknown"
 
 
 def size_class(nbytes: int) -> str:
@@ -45,6 +76,34 @@ class ServerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        # what the default registry has: the process's and the interpreter's figures
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.build_info = Info(
+            "dstl_build", "Version of dstl and of Python of this dstl-server", registry=r
+        )
+        self.build_info.info({"version": package_version(), "python": platform.python_version()})
+        # per gRPC method (dstl_server/grpc_metrics.py); a stream counts once, for its lifetime
+        self.grpc_requests = Counter(
+            "dstl_grpc_requests",
+            "gRPC calls finished, by full method name and status code (a stream counts once)",
+            ["method", "code"],
+            registry=r,
+        )
+        self.grpc_request_seconds = Histogram(
+            "dstl_grpc_request_seconds",
+            "Duration of gRPC calls by method (of a stream: from its start to its end)",
+            ["method"],
+            buckets=_GRPC_BUCKETS,
+            registry=r,
+        )
+        self.grpc_in_flight = Gauge(
+            "dstl_grpc_requests_in_flight",
+            "gRPC calls (and open streams) running, by method",
+            ["method"],
+            registry=r,
+        )
         self.writers = Gauge("dstl_writers", "Registered writers", registry=r)
         self.appended_bytes = Counter(
             "dstl_appended_bytes", "Bytes of changes appended", registry=r

@@ -35,7 +35,7 @@ _MAX_KEY_GROUP = 1 << 24
 
 
 @dataclass(frozen=True, slots=True)
-class _PendingPersist:
+class PendingPersist:
     """A persist between the end of its turn and its handle."""
 
     log: WriterLog
@@ -148,11 +148,13 @@ class LogRegistry:
         self._writers_per_job[job_id] = self._writers_per_job.get(job_id, 0) + 1
         self.metrics.writers.set(len(self._logs))
         log.info(
-            "writer %s created for job %s op %s kg %s",
-            wl.log_id,
-            job_id,
-            operator_id,
-            key_group_range,
+            "writer created",
+            extra={
+                "job_id": job_id,
+                "log_id": wl.log_id,
+                "operator_id": operator_id,
+                "key_groups": list(key_group_range),
+            },
         )
         return wl
 
@@ -189,13 +191,29 @@ class LogRegistry:
         by later calls are not in the handle, whatever happens while the
         uploads run, and those calls need not wait for them.
         """
+        pending = await self.begin_persist(log_id, after, parts, session=session, seq=seq)
+        return await self.await_handle(pending)
+
+    async def begin_persist(
+        self,
+        log_id: str,
+        after: int,
+        parts: Sequence[ChangePart] = (),
+        *,
+        session: int = 0,
+        seq: int = 0,
+    ) -> PendingPersist:
+        """The ordered part of :meth:`persist` (its turn); :meth:`await_handle` finishes it.
+
+        The Session stream runs this in stream order and awaits the handle in
+        a task of its own, so the stream's later requests go on meanwhile.
+        """
         wl = self.get(log_id)
         async with self.order.turn(wl, session, seq, parts):
             if parts:
                 with self.order.changes_land(wl, session, seq, parts):
                     await self._append(log_id, parts)
-            pending = self._begin_persist(log_id, after)
-        return await self._await_handle(pending)
+            return self._begin_persist(log_id, after)
 
     async def truncate(self, log_id: str, before: int, *, session: int = 0, seq: int = 0) -> None:
         wl = self.get(log_id)
@@ -216,20 +234,23 @@ class LogRegistry:
         nbytes = 0
         count = 0
         limit = self.settings.max_change_bytes
+        first_kg, last_kg = wl.key_group_range
         for part in parts:
             kg = part.key_group
             packed = PackedChanges(part.count, part.sizes, part.payload)
-            wl.check_key_group(kg)
+            if not first_kg <= kg <= last_kg:
+                wl.check_key_group(kg)  # raises, with the message
             try:
                 check_packed(packed, limit)
             except ValueError as exc:
                 cls = ChangeTooLarge if "exceeds the limit" in str(exc) else InvalidArgument
                 raise cls(f"key group {kg}: {exc}") from None
-            if packed.count == 0:
+            if not packed.count:
                 raise InvalidArgument(f"key group {kg}: a part must hold at least one change")
             batches.append((kg, packed))
-            nbytes += packed.nbytes + PART_OVERHEAD_BYTES
+            nbytes += len(packed.sizes) + len(packed.payload)
             count += packed.count
+        nbytes += PART_OVERHEAD_BYTES * len(batches)
         if self.budget.over:
             self.metrics.backpressure_waits.inc()
         await self.budget.acquire(nbytes)
@@ -247,7 +268,7 @@ class LogRegistry:
             self.uploads.preempt(wl)
         return sqn
 
-    def _begin_persist(self, log_id: str, after: int) -> _PendingPersist:
+    def _begin_persist(self, log_id: str, after: int) -> PendingPersist:
         """Close the changeset, queue what is new, collect the sections (in the turn)."""
         started = time.perf_counter()
         self.metrics.persist_requests.inc()
@@ -262,9 +283,9 @@ class LogRegistry:
         except DstlError:
             self.metrics.persist_failures.inc()
             raise
-        return _PendingPersist(wl, after, to_sqn, sections, started)
+        return PendingPersist(wl, after, to_sqn, sections, started)
 
-    async def _await_handle(self, pending: _PendingPersist) -> ChangelogHandle:
+    async def await_handle(self, pending: PendingPersist) -> ChangelogHandle:
         """Wait for the uploads the persist needs; build its handle (after the turn)."""
         wl = pending.log
         self.waiting_persists += 1
@@ -288,7 +309,15 @@ class LogRegistry:
         except DstlError as exc:
             self.metrics.persist_failures.inc()
             if isinstance(exc, UploadFailed):
-                log.warning("persist of writer %s failed: %s", wl.log_id, exc.message)
+                log.warning(
+                    "persist failed: %s",
+                    exc.message,
+                    extra={
+                        "job_id": wl.job_id,
+                        "log_id": wl.log_id,
+                        "duration_s": round(time.perf_counter() - pending.started, 6),
+                    },
+                )
             raise
         finally:
             self.waiting_persists -= 1
@@ -333,7 +362,8 @@ class LogRegistry:
         for log_id in idle:
             wl = self._logs[log_id]
             log.warning(
-                "writer %s of job %s expired after %.0fs without a call", log_id, wl.job_id, limit
+                "writer expired: no call within writer_idle_timeout_s",
+                extra={"job_id": wl.job_id, "log_id": log_id, "idle_timeout_s": limit},
             )
             self.close_writer(log_id)
         if idle:

@@ -238,12 +238,16 @@ class ChangelogService(pb_grpc.ChangelogServicer):
             session=request.session,
             seq=request.seq,
         )
+        return self.persist_response(handle, request.after)
+
+    def persist_response(self, handle: ChangelogHandle, after: int) -> pb.PersistResponse:
+        """The answer to a persist (unary or on a stream), if the handle fits in a message."""
         response = pb.PersistResponse(handle=handle.to_proto())
         if response.ByteSize() > self._max_response_bytes:
             # durable, but the handle cannot travel: say why instead of a bare
             # RESOURCE_EXHAUSTED from the transport
             raise SqnOutOfRange(
-                f"the handle from SQN {request.after} spans {len(handle.entries)} sections, "
+                f"the handle from SQN {after} spans {len(handle.entries)} sections, "
                 f"{response.ByteSize()} bytes encoded, more than a message may carry "
                 f"({self._max_response_bytes}); truncate the log or persist from a later SQN"
             )
@@ -266,6 +270,20 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         self._owned_log(context, request.log_id, admin_ok=True)
         self.registry.close_writer(request.log_id)
         return pb.CloseWriterResponse()
+
+    # the reader/writer form of a streaming handler: answers go out by context.write
+    async def Session(  # type: ignore[override]
+        self, requests: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        """One writer's calls on one stream, in stream order (see :mod:`dstl_server.session`)."""
+        from dstl_server.session import SessionStream
+
+        try:
+            if not self._accepting:
+                raise ShuttingDown("the sidecar is shutting down")
+            await SessionStream(self, context).run()
+        except Exception as exc:  # bytes that do not decode, a bug: the stream ends
+            await _abort(context, exc, self.metrics)
 
     async def ReadChanges(
         self, request: pb.ReadChangesRequest, context: grpc.aio.ServicerContext
@@ -417,11 +435,11 @@ def register(server: grpc.aio.Server, service: ChangelogService) -> None:
     for method in desc.methods:
         req_cls = getattr(pb, method.input_type.name)
         resp_cls = getattr(pb, method.output_type.name)
-        make = (
-            grpc.unary_stream_rpc_method_handler
-            if method.server_streaming
-            else grpc.unary_unary_rpc_method_handler
-        )
+        make = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = make(
             getattr(service, method.name),
             request_deserializer=_safe_deserializer(req_cls),

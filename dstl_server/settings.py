@@ -3,16 +3,41 @@
 Every field has a documented default and unit. ``ServerSettings.from_sources``
 builds it from command-line flags and ``DSTL_*`` environment variables (a flag
 wins over the environment, the environment over the default) and validates it
-before anything starts; a bad value raises :class:`ConfigError` naming the
-setting.
+before anything starts; a bad value raises :class:`ConfigError` whose one-line
+message names the setting (and the flag or variable it came from). The CLI
+turns it into exit code 2 (``dstl-server: configuration error: ...``).
+
+* Text becomes a value in one place, :func:`parse_value`, for flags and
+  variables alike: integers, finite floats (``nan``/``inf`` are refused),
+  booleans (``1/true/yes/on``, ``0/false/no/off``) and sizes. A size (a
+  setting whose unit is ``bytes``) is a plain number of bytes or a number with
+  a unit: ``512KiB``, ``100MiB``, ``1GiB`` (powers of 1024) or ``10MB``
+  (powers of 1000); :func:`parse_size`, :func:`format_size`.
+* ``DSTL_*`` variables that are neither a setting nor in
+  :data:`OTHER_DSTL_VARIABLES` (the client's and the tools' variables) are
+  reported by :func:`unknown_environment` with the closest known name; the
+  CLI logs one warning per variable (a misspelled ``DSTL_PERSIST_DELAY`` would
+  otherwise be ignored without a word).
+
+Why no pydantic-settings: the settings are one frozen dataclass whose
+metadata already drives the CLI flags, ``--help``, the README table and the
+Helm chart check; the parsing that pydantic-settings would replace is one
+function of about sixty lines (:func:`parse_value`), and the cross-field
+rules (loopback vs TLS and secret, the forwarding tree, size relations) stay
+hand-written in :meth:`ServerSettings.validate` either way. pydantic would add
+two runtime dependencies (pydantic, its compiled core) to the sidecar image,
+a second way to declare a setting, and multi-line validation reports that
+would need rewriting into the one-line errors the CLI promises.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -117,6 +142,12 @@ class ServerSettings:
     s3_verify_tls: bool = _setting(True, "Verify the S3 endpoint's TLS certificate.")
     s3_ca_bundle: str = _setting("", "PEM CA bundle to verify the S3 endpoint with.")
     s3_max_connections: int = _setting(32, "Size of the S3 connection pool.")
+    store_probe_interval_s: float = _setting(
+        5.0,
+        "Seconds between two probes of the store (each bounded by 5 s); while the latest "
+        "failed, health reports the Changelog service NOT_SERVING and dstl_store_up is 0.",
+        unit="s",
+    )
     call_order_timeout_s: float = _setting(
         10.0,
         "How long a writer's call waits for an earlier call that has not arrived yet before "
@@ -235,6 +266,7 @@ class ServerSettings:
             "upload_timeout_s",
             "shutdown_grace_s",
             "call_order_timeout_s",
+            "store_probe_interval_s",
         ):
             if getattr(self, name) <= 0:
                 raise bad(name, "must be > 0")
@@ -312,15 +344,18 @@ class ServerSettings:
         """Defaults, then ``DSTL_*`` variables, then ``overrides`` (flags)."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
+        source: dict[str, str] = {}  # where a value came from, for error messages
         for f in fields(cls):
             raw = env.get(env_name(f.name))
             # An empty string is a value for text settings (DSTL_LISTEN= serves on the
             # Unix socket only); for numbers and flags it means "not set".
             if raw is not None and (raw != "" or type(f.default) is str):
-                values[f.name] = _parse(f.name, raw, type(f.default))
+                values[f.name] = parse_value(f.name, raw, env_name(f.name))
+                source[f.name] = env_name(f.name)
         for k, v in (overrides or {}).items():
             if v is not None:
                 values[k] = v
+                source[k] = flag_name(k)
         secret_file = values.get("auth_secret_file")
         if secret_file:
             if values.get("auth_secret"):
@@ -331,7 +366,14 @@ class ServerSettings:
                 raise ConfigError(
                     f"setting auth_secret_file={secret_file!r}: cannot read: {exc.strerror}"
                 ) from None
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ConfigError as exc:
+            # "setting NAME=...: why (from DSTL_<NAME>)" when a flag or variable set it
+            m = re.match(r"setting (\w+)\b", exc.message)
+            if m and m.group(1) in source and m.group(1) != "auth_secret":
+                raise ConfigError(f"{exc.message} (from {source[m.group(1)]})") from None
+            raise
 
     @classmethod
     def env_only(cls, name: str) -> bool:
@@ -361,19 +403,124 @@ def env_name(name: str) -> str:
     return "DSTL_" + name.upper()
 
 
-def _parse(name: str, raw: str, typ: type) -> Any:
-    try:
-        if typ is bool:
-            low = raw.strip().lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if typ is int:
-            return int(raw)
-        if typ is float:
-            return float(raw)
-        return raw
-    except ValueError as exc:
-        raise ConfigError(f"{env_name(name)}={raw!r}: expected {typ.__name__}") from exc
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def is_size(name: str) -> bool:
+    """True for settings given in bytes, which accept units (``100MiB``)."""
+    return bool(ServerSettings.__dataclass_fields__[name].metadata["unit"] == "bytes")
+
+
+#: multipliers of the size units :func:`parse_size` accepts (lower case)
+SIZE_UNITS = {
+    "b": 1,
+    "kib": KiB,
+    "mib": MiB,
+    "gib": 1024 * MiB,
+    "tib": 1024 * 1024 * MiB,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+SIZE_SYNTAX = "a size: bytes, or a number with a unit (512KiB, 100MiB, 1GiB; 10MB = 10^7 bytes)"
+
+
+def parse_size(raw: str) -> int:
+    """Bytes of ``512``, ``512KiB``, ``100MiB``, ``1.5GiB``, ``10MB``; ValueError otherwise.
+
+    Units are case-insensitive; ``KiB``/``MiB``/``GiB``/``TiB`` are powers of
+    1024, ``KB``/``MB``/``GB``/``TB`` powers of 1000. The result must be a
+    whole number of bytes; a negative number is refused here (every size is
+    checked against its own range by validation).
+    """
+    m = _SIZE.fullmatch(raw)
+    unit = m.group(2).lower() if m else ""
+    if not m or (unit and unit not in SIZE_UNITS):
+        raise ValueError(raw)
+    number: str = m.group(1)
+    scale = SIZE_UNITS.get(unit, 1)
+    if "." not in number:
+        return int(number) * scale
+    whole, frac = number.split(".")
+    numerator = int(whole + frac) * scale
+    denominator: int = 10 ** len(frac)
+    if numerator % denominator:
+        raise ValueError(f"{raw}: not a whole number of bytes")
+    return numerator // denominator
+
+
+def format_size(n: int) -> str:
+    """The shortest exact binary-unit spelling of ``n`` bytes (``10MiB``, ``1536KiB``, ``100``)."""
+    for unit, scale in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", MiB), ("KiB", KiB)):
+        if n and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def parse_value(name: str, raw: str, source: str) -> Any:
+    """The typed value of setting ``name`` from text; ``source`` (a flag or variable)
+    names it in the one-line :class:`ConfigError` a malformed value raises."""
+    typ: type = type(ServerSettings.__dataclass_fields__[name].default)
+
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"{source}={raw!r}: expected {expected}")
+
+    text = raw.strip()
+    if typ is bool:
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise bad("true or false (also 1/0, yes/no, on/off)")
+    if typ is int and is_size(name):
+        try:
+            return parse_size(text)
+        except ValueError:
+            raise bad(SIZE_SYNTAX) from None
+    if typ is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise bad("an integer") from None
+    if typ is float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise bad("a number") from None
+        if not math.isfinite(value):
+            raise bad("a finite number (not nan or inf)")
+        return value
+    return raw
+
+
+#: ``DSTL_*`` variables that are not dstl-server settings but are read elsewhere, so
+#: the server does not warn about them (the one list: tests check the repository
+#: names no other). Value: who reads it.
+OTHER_DSTL_VARIABLES: dict[str, str] = {
+    "DSTL_ADDRESS": "client: the node's sidecar address (dstl_client.state.clients)",
+    "DSTL_TOKEN": "client: the job's token (dstl_client.state.clients)",
+    "DSTL_CA_FILE": "client: PEM CA bundle of a TLS sidecar (dstl_client.state.clients)",
+    "DSTL_STATE_DIR": "client: node-local state directory (dstl_client.state.clients)",
+    "DSTL_REST_URL": "operator CLI: the driver's REST endpoint (dstl_client.ops.context)",
+    "DSTL_NODE_IP": "Helm chart: the node's IP, to build DSTL_ADDRESS",
+    "DSTL_VERSION": "container image build argument (deploy/docker)",
+    "DSTL_WEED": "tests: path of the SeaweedFS binary (dstl_server.testing_s3_weed)",
+    "DSTL_FUZZ_SEED": "tests: replays a wire fuzz seed (tests/integration/test_wire_fuzz.py)",
+}
+
+
+def unknown_environment(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """``(variable, closest known name or "")`` for every unknown ``DSTL_*`` variable."""
+    env = os.environ if environ is None else environ
+    known = [env_name(f.name) for f in fields(ServerSettings)] + list(OTHER_DSTL_VARIABLES)
+    out = []
+    for var in sorted(env):
+        if var.startswith("DSTL_") and var not in known:
+            # compare without the common prefix, which would make every name look close
+            close = difflib.get_close_matches(var[5:], [k[5:] for k in known], n=1, cutoff=0.6)
+            out.append((var, "DSTL_" + close[0] if close else ""))
+    return out

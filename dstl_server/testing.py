@@ -113,6 +113,8 @@ class ServerProcess:
         self.address = ""
         self.metrics_port = 0
         self.epoch = ""
+        #: whether the store answered the start probe (``store=`` of the READY line)
+        self.store_up = False
         self.stderr_path = self.root / "server.stderr"
         self._stderr: Any = None
 
@@ -137,6 +139,7 @@ class ServerProcess:
         self.address = fields["grpc"]
         self.metrics_port = int(fields["metrics_port"]) if fields["metrics_port"] != "None" else 0
         self.epoch = fields["epoch"]
+        self.store_up = fields.get("store") == "up"
         return self
 
     def scrape_metrics(self) -> dict[str, float]:

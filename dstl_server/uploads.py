@@ -375,7 +375,13 @@ class BatchingScheduler:
             err = exc if isinstance(exc, DstlError) else None
             reason = err.message if err else repr(exc)
             log.warning(
-                "upload of %d log section(s) for job %s failed: %s", len(tasks), self.job_id, reason
+                "upload failed: %s",
+                reason,
+                extra={
+                    "job_id": self.job_id,
+                    "log_ids": sorted({t.log.log_id for t in tasks if isinstance(t, UploadTask)}),
+                    "sections": len(tasks),
+                },
             )
             failure = UploadFailed(f"upload for job {self.job_id} failed: {reason}")
             for t in tasks:

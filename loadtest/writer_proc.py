@@ -60,6 +60,8 @@ class WriterPlan:
     #: rounds mode: leave the round's appends buffered so they travel inside the
     #: persist call (the real checkpoint path) instead of flushing them first
     appends_with_persist: bool = False
+    #: the client's transport for writer calls: "stream" (the default) or "unary"
+    transport: str = "stream"
 
 
 @dataclass(slots=True)
@@ -220,7 +222,9 @@ def process_main(
     result is put there once all writers of the process are done).
     """
     done: list[WriterResult] = []  # list.append is atomic: the writer threads share it
-    with ChangelogClient(plan.target, batch_bytes=plan.batch_bytes) as client:
+    with ChangelogClient(
+        plan.target, batch_bytes=plan.batch_bytes, transport=plan.transport
+    ) as client:
         try:
             client.wait_ready(30)
         except Exception as exc:

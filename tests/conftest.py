@@ -31,6 +31,12 @@ def server_process(tmp_path: Path) -> Iterator[ServerProcess]:
 pytest_plugins = ["tests.s3_fixtures"]
 
 
+@pytest.fixture(params=["unary", "stream"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """A test taking it runs once per client transport (``ChangelogClient(transport=...)``)."""
+    return str(request.param)
+
+
 class _AsyncioErrors(logging.Handler):
     """What asyncio reports through its logger rather than as a warning: a task whose
     exception nobody retrieved, a task destroyed while pending, a failing callback."""

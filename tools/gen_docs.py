@@ -1,7 +1,8 @@
-"""Regenerate (or check) the generated tables in README.md.
+"""Regenerate (or check) the generated tables in README.md and docs/observability.md.
 
-The configuration table comes from ``ServerSettings`` and the metrics table
-from ``ServerMetrics``, so the README cannot drift from the code.
+The configuration table comes from ``ServerSettings``, the metrics tables
+from ``ServerMetrics`` (sidecar) and ``CoordinatorMetrics`` (driver), so the
+docs cannot drift from the code.
 
 Usage: python tools/gen_docs.py [--check]
 """
@@ -12,14 +13,16 @@ import argparse
 import functools
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+OBSERVABILITY = ROOT / "docs" / "observability.md"
 
 
 def config_table() -> str:
-    from dstl_server.settings import ServerSettings
+    from dstl_server.settings import ServerSettings, format_size, is_size
 
     rows = [
         "| flag | environment | default | unit | meaning |",
@@ -30,39 +33,62 @@ def config_table() -> str:
             flag = "(environment only)"
         else:
             flag = "`--" + name.replace("_", "-") + "`"
-        rows.append(f"| {flag} | `{env}` | `{default!r}` | {unit} | {doc} |")
+        if is_size(name):  # sizes take units: the default as one would write it
+            default, unit = format_size(default), "bytes (size)"
+            rows.append(f"| {flag} | `{env}` | `{default}` | {unit} | {doc} |")
+        else:
+            rows.append(f"| {flag} | `{env}` | `{default!r}` | {unit} | {doc} |")
     return "\n".join(rows)
 
 
-def metrics_table() -> str:
+def metrics_table(owner: object) -> str:
+    """One row per metric attribute of ``owner`` (a ServerMetrics or CoordinatorMetrics)."""
     from prometheus_client.metrics import MetricWrapperBase
 
-    from dstl_server.metrics import ServerMetrics
-
+    suffix = {"counter": "_total", "info": "_info"}
     rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
-    for metric in vars(ServerMetrics()).values():
+    for metric in vars(owner).values():
         if not isinstance(metric, MetricWrapperBase):
             continue
-        kind = metric._type
-        name = metric._name + ("_total" if kind == "counter" else "")
+        kind = str(metric._type)
+        name = metric._name + suffix.get(kind, "")
         labels = ", ".join(metric._labelnames) or "-"
         rows.append(f"| `{name}` | {kind} | {labels} | {metric._documentation} |")
     return "\n".join(rows)
+
+
+def sidecar_metrics_table() -> str:
+    from dstl_server.metrics import ServerMetrics
+
+    return metrics_table(ServerMetrics())
+
+
+def driver_metrics_table() -> str:
+    from dstl_client.coordinator.metrics import CoordinatorMetrics
+
+    return metrics_table(CoordinatorMetrics("job"))
 
 
 def _fill(m: re.Match[str], body: str) -> str:
     return m.group(1) + body + "\n" + m.group(2)
 
 
-def render(text: str) -> str:
-    for marker, body in (("config", config_table()), ("metrics", metrics_table())):
+#: the generated sections of each file, by marker
+SECTIONS: dict[Path, dict[str, Callable[[], str]]] = {
+    README: {"config": config_table},
+    OBSERVABILITY: {"metrics": sidecar_metrics_table, "driver-metrics": driver_metrics_table},
+}
+
+
+def render(text: str, path: Path = README) -> str:
+    for marker, table in SECTIONS[path].items():
         pattern = re.compile(
             rf"(<!-- BEGIN GENERATED {marker} -->\n)(?:.*?\n)?(<!-- END GENERATED {marker} -->)",
             re.S,
         )
         if not pattern.search(text):
-            raise SystemExit(f"README.md lacks the GENERATED {marker} markers")
-        text = pattern.sub(functools.partial(_fill, body=body), text)
+            raise SystemExit(f"{path.name} lacks the GENERATED {marker} markers")
+        text = pattern.sub(functools.partial(_fill, body=table()), text)
     return text
 
 
@@ -70,14 +96,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true")
     ns = parser.parse_args()
-    current = README.read_text()
-    fresh = render(current)
-    if ns.check:
+    stale = []
+    for path in SECTIONS:
+        current = path.read_text()
+        fresh = render(current, path)
         if fresh != current:
-            print("README.md tables are stale: run `python tools/gen_docs.py`", file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(fresh)
+            stale.append(path.relative_to(ROOT).as_posix())
+            if not ns.check:
+                path.write_text(fresh)
+    if ns.check and stale:
+        print(
+            f"tables in {', '.join(stale)} are stale: run `python tools/gen_docs.py`",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

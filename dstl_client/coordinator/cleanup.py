@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 
 from dstl_client.client import ChangelogClient
 from dstl_client.core.errors import ConfigError, InvalidArgument
 from dstl_client.core.keys import check_job_id
+from dstl_client.objects import ObjectInfo
 
 log = logging.getLogger(__name__)
 
@@ -85,21 +86,39 @@ class OrphanSweeper:
         self.grace_s = float(grace_s)
         self.page_size = page_size
 
+    def unreferenced(
+        self,
+        referenced: Collection[str],
+        *,
+        now: float | None = None,
+        listed: list[int] | None = None,
+    ) -> Iterator[tuple[ObjectInfo, bool]]:
+        """The job's objects not in ``referenced``, each with whether it is old enough to go.
+
+        Lazily, a page at a time (what :meth:`sweep` deletes, and what
+        ``dstl gc --dry-run`` shows). ``listed``, if given, gets its first
+        element counted up per object listed.
+        """
+        keep = referenced if isinstance(referenced, set | frozenset) else set(referenced)
+        cutoff = (time.time() if now is None else now) - self.grace_s
+        for obj in self.client.list_objects(self.job_id, page_size=self.page_size):
+            if listed is not None:
+                listed[0] += 1
+            if obj.key in keep:
+                continue
+            yield obj, 0 < obj.modified <= cutoff
+
     def sweep(self, referenced: Collection[str], *, now: float | None = None) -> int:
         """Delete the job's unreferenced objects older than ``grace_s``; return how many.
 
         ``now`` (unix seconds, default the current time) is what ages are
         measured against.
         """
-        keep = referenced if isinstance(referenced, set | frozenset) else set(referenced)
-        cutoff = (time.time() if now is None else now) - self.grace_s
-        listed = young = deleted = 0
+        listed = [0]
+        young = deleted = 0
         batch: list[str] = []
-        for obj in self.client.list_objects(self.job_id, page_size=self.page_size):
-            listed += 1
-            if obj.key in keep:
-                continue
-            if obj.modified <= 0 or obj.modified > cutoff:
+        for obj, old in self.unreferenced(referenced, now=now, listed=listed):
+            if not old:
                 young += 1
                 continue
             batch.append(obj.key)
@@ -112,7 +131,7 @@ class OrphanSweeper:
             "orphan sweep of job %s: %d objects listed, %d deleted (unreferenced, older "
             "than %gs), %d unreferenced but younger kept",
             self.job_id,
-            listed,
+            listed[0],
             deleted,
             self.grace_s,
             young,

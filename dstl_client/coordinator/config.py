@@ -15,6 +15,10 @@ in it, the same on every kind of store::
     config-overrides.json                             its REST overrides
     operators/<operator>/checkpoints/ck-<batch>.json  the same for any other operator
     operators/<operator>/config-overrides.json
+    <records prefix>superseded/ck-<batch>.json        records a restore moved aside (see
+                                                      :mod:`.lifecycle`), kept until the new
+                                                      run records that batch
+    <operator prefix>restore.json                     the last restore (``restore_from``)
 
 Frozen values: safe to share between threads.
 """
@@ -51,6 +55,10 @@ METADATA_FOLDER = "dstl"
 RECORDS = "checkpoints/"
 OVERRIDES = "config-overrides.json"
 OPERATORS = "operators/"
+#: records a restore moved aside, under the records prefix (see :mod:`.lifecycle`)
+SUPERSEDED = "superseded/"
+#: the last restore of an operator, under its prefix
+RESTORE_MARKER = "restore.json"
 _OTHER_RECORD = re.compile(r"^operators/([^/]+)/checkpoints/[^/]+$")
 #: a URL's scheme, as Spark (Hadoop's ``Path``) reads one: ``file:/x`` is a URL too
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
@@ -96,6 +104,12 @@ def metadata_location(checkpoint_dir: str, metadata_url: str = "") -> str:
     return location
 
 
+def spark_location(checkpoint_dir: str, operator_id: str = DEFAULT_OPERATOR) -> str:
+    """Spark's ``checkpointLocation`` of a keyed operator's query: ``spark`` or ``spark-<op>``."""
+    name = "spark" if operator_id == DEFAULT_OPERATOR else f"spark-{operator_id}"
+    return join_location(checkpoint_dir, name)
+
+
 def default_state_dir() -> str:
     """Node-local state directory: ``$DSTL_STATE_DIR`` or ``<tmp>/dstl-state``."""
     return os.environ.get("DSTL_STATE_DIR") or str(Path(tempfile.gettempdir()) / "dstl-state")
@@ -124,6 +138,12 @@ class CheckpointSettings:
     persist_timeout_s: float = 120.0
     #: a batch's checkpoint (plan to record) taking longer is aborted
     checkpoint_timeout_s: float = 600.0
+    #: the query's trigger interval: one checkpoint per micro-batch (0: as fast as
+    #: Spark can; a ``trigger`` option, e.g. ``{"processingTime": "5 seconds"}``, sets it too)
+    checkpoint_interval_s: float = 0.0
+    #: consecutive failed checkpoints (timed out, incomplete, record not written) run again
+    #: before the query fails (Flink's tolerable-failed-checkpoints)
+    tolerable_failed_checkpoints: int = 3
     #: the start-up orphan sweep leaves unreferenced objects younger than this
     orphan_grace_s: float = DEFAULT_GRACE_S
     cache_rows: int = DEFAULT_CACHE_ROWS
@@ -135,6 +155,13 @@ class CheckpointSettings:
     metadata_s3_endpoint_url: str = ""
     #: S3 region of the metadata store (default: boto3's, e.g. ``$AWS_REGION``)
     metadata_s3_region: str = ""
+    #: start from this retained checkpoint instead of the latest (like Flink's ``-s``):
+    #: newer records and Spark's progress past it are moved aside, once per batch id
+    #: (see :mod:`.lifecycle`); ``None``: resume from the latest
+    restore_from: int | None = None
+    #: on ``DstlQuery.stop(cancel=True)``, keep the checkpoints (Flink's RETAIN_ON_CANCELLATION,
+    #: the default) or dispose of them (False: DELETE_ON_CANCELLATION)
+    retain_on_cancel: bool = True
 
     def validate_settings(self) -> None:
         if not _OPERATOR_ID.fullmatch(self.operator_id):
@@ -147,6 +174,10 @@ class CheckpointSettings:
             raise ConfigError(f"retain={self.retain}: keep at least one checkpoint")
         if self.materialize_interval_s < 0:
             raise ConfigError("materialize_interval_s must be >= 0")
+        if not 0 <= self.checkpoint_interval_s < float("inf"):
+            raise ConfigError("checkpoint_interval_s must be a finite number >= 0")
+        if self.tolerable_failed_checkpoints < 0:
+            raise ConfigError("tolerable_failed_checkpoints must be >= 0")
         if self.max_materialization_failures < 1:
             raise ConfigError("max_materialization_failures must be >= 1")
         if self.persist_timeout_s <= 0:
@@ -157,6 +188,12 @@ class CheckpointSettings:
             raise ConfigError("orphan_grace_s must be >= 0")
         if self.metadata_url:
             check_metadata_url(self.metadata_url)
+        if self.restore_from is not None and (
+            isinstance(self.restore_from, bool)
+            or not isinstance(self.restore_from, int)
+            or self.restore_from < 0
+        ):
+            raise ConfigError(f"restore_from={self.restore_from!r}: a batch id >= 0, or None")
 
     def settings(self) -> dict[str, Any]:
         """The values of :class:`CheckpointSettings`'s fields (for a subclass to pass on)."""
@@ -223,6 +260,20 @@ class CoordinatorConfig(CheckpointSettings):
     @property
     def overrides_name(self) -> str:
         return self.operator_prefix + OVERRIDES
+
+    @property
+    def superseded_prefix(self) -> str:
+        """Records a restore moved aside (kept until the new run records their batch)."""
+        return self.records_prefix + SUPERSEDED
+
+    @property
+    def restore_marker_name(self) -> str:
+        return self.operator_prefix + RESTORE_MARKER
+
+    @property
+    def spark_checkpoint_dir(self) -> str:
+        """Spark's ``checkpointLocation`` of this operator's query (:func:`spark_location`)."""
+        return spark_location(self.checkpoint_dir, self.operator_id)
 
     def other_records_prefixes(self, store: MetadataStore) -> list[str]:
         """Records prefixes of the job's other keyed operators that have records in ``store``."""

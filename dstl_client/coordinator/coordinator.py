@@ -14,6 +14,7 @@ The coordinator only sequences its parts, each with one role:
   orphans;
 * :mod:`.watchdog`: the checkpoint timeout of the batch in flight;
 * :mod:`.overrides`: the REST configuration overrides, persisted;
+* :mod:`.lifecycle`: restoring a chosen checkpoint (``restore_from``);
 * :mod:`.stats` and :mod:`.metrics`: per-checkpoint statistics and metrics.
 
 On :meth:`start`, before the first new checkpoint, it rebuilds the registry
@@ -45,12 +46,19 @@ from dstl_client.coordinator.batches import (
     make_plan,
 )
 from dstl_client.coordinator.cleanup import OrphanSweeper
-from dstl_client.coordinator.config import CoordinatorConfig
+from dstl_client.coordinator.config import CheckpointSettings, CoordinatorConfig
+from dstl_client.coordinator.lifecycle import (
+    DisposeResult,
+    RestoreResult,
+    dispose_operator,
+    restore_on_start,
+)
 from dstl_client.coordinator.messages import BatchPlan, TaskResult
 from dstl_client.coordinator.metadata import MetadataStore
 from dstl_client.coordinator.metrics import CoordinatorMetrics
 from dstl_client.coordinator.overrides import (
     INTERVAL,
+    MATERIALIZATION,
     TIMEOUT,
     ConfigOverrides,
     ConfigUpdateInProgress,
@@ -106,6 +114,7 @@ class CheckpointCoordinator:
         self._own_metadata = metadata is None
         self.storage = CheckpointStorage(self.metadata, config.records_prefix)
         self.metrics = metrics or CoordinatorMetrics(config.job_id)
+        self.metrics.watch_settings(lambda: self.config)
         self._client = client
         self._own_client = False
         self._sweeper = sweeper or _orphan_sweeper
@@ -119,10 +128,14 @@ class CheckpointCoordinator:
         )
         self.started = False
         self.orphans_removed = 0
+        #: what :meth:`start` restored (``restore_from``), if anything
+        self.restored: RestoreResult | None = None
         #: per-checkpoint statistics (the newest 10,000)
         self.history: deque[CheckpointStats] = deque(maxlen=10_000)
         #: subtask -> log id of its changelog writer, as of the last recorded batch
         self._writers: dict[int, str] = {}
+        #: called (on the updating thread) with a new checkpoint interval in seconds
+        self.on_interval_change: Callable[[float], None] | None = None
 
     # ------------------------------------------------------------ plumbing
     @property
@@ -166,6 +179,23 @@ class CheckpointCoordinator:
             return 0
         return sum(close_log(client, self.config.job_id, log_id) for log_id in log_ids)
 
+    def dispose(self) -> DisposeResult:
+        """Delete this operator's checkpoints, the objects only they use and its Spark checkpoint.
+
+        For a stopped query (``DstlQuery.stop(cancel=True)`` with
+        ``retain_on_cancel=False``); see
+        :func:`~dstl_client.coordinator.lifecycle.dispose_operator`.
+        """
+        with self._lock:
+            try:
+                client: ChangelogClient | None = self.client
+            except ConfigError:
+                client = None
+            result = dispose_operator(self.config, self.metadata, client=client)
+            self._retention = RetainedCheckpoints(self.config, self.storage, lambda: self.client)
+            self._writers = {}
+            return result
+
     def close(self) -> None:
         self._watchdog.close()
         if self._own_client and self._client is not None:
@@ -194,35 +224,56 @@ class CheckpointCoordinator:
             self.config = replace(self.config, materialize_interval_s=seconds)
 
     def effective_config(self) -> dict[str, Any]:
-        """The values in force (``GET .../checkpoints/config``); durations in ms."""
+        """The values in force (``GET .../checkpoints/configuration``); durations in ms.
+
+        ``sources`` says where each tunable came from: ``override`` (the REST
+        endpoint, persisted), ``job config`` (the job's options) or ``default``.
+        """
         with self._lock:
             cfg = self.config
+            overrides = self._overrides.read()
+            defaults = CheckpointSettings()
+            values = {
+                INTERVAL: (cfg.checkpoint_interval_s, defaults.checkpoint_interval_s),
+                TIMEOUT: (cfg.checkpoint_timeout_s, defaults.checkpoint_timeout_s),
+                MATERIALIZATION: (cfg.materialize_interval_s, defaults.materialize_interval_s),
+            }
             return {
                 "jobId": cfg.job_id,
-                TIMEOUT: round(cfg.checkpoint_timeout_s * 1000),
-                INTERVAL: round(cfg.materialize_interval_s * 1000),
+                **{name: round(v * 1000) for name, (v, _d) in values.items()},
                 "retainedCheckpoints": cfg.retain,
+                "sources": {
+                    name: "override"
+                    if name in overrides
+                    else ("default" if v == d else "job config")
+                    for name, (v, d) in values.items()
+                },
             }
 
     def update_config(
         self,
         *,
+        checkpoint_interval_ms: int | None = None,
         checkpoint_timeout_ms: int | None = None,
         materialization_interval_ms: int | None = None,
     ) -> dict[str, Any]:
-        """Change timeout and/or materialization interval of the running job.
+        """Change the interval, timeout and/or materialization interval of the running job.
 
         The new values are persisted in the job's metadata store first (so a
         restarted driver applies them again), then applied: a new timeout also
         governs the batch in flight (extended: it may finish; shortened below
-        its elapsed time: it is aborted at once). Raises :class:`ConfigError`
-        for invalid values and :class:`ConfigUpdateInProgress` when another
-        update is running.
+        its elapsed time: it is aborted at once); a new interval goes to
+        :attr:`on_interval_change` (the query switches its trigger between
+        two batches). Raises :class:`ConfigError` for invalid values,
+        :class:`ConfigUpdateInProgress` when another update is running and
+        :class:`~.metadata.MetadataStoreError` when the update could not be
+        persisted (nothing applied).
         """
         changes: dict[str, int] = {}
         for name, value in (
+            (INTERVAL, checkpoint_interval_ms),
             (TIMEOUT, checkpoint_timeout_ms),
-            (INTERVAL, materialization_interval_ms),
+            (MATERIALIZATION, materialization_interval_ms),
         ):
             if value is not None:
                 check_override(name, value)
@@ -231,8 +282,13 @@ class CheckpointCoordinator:
             raise ConfigUpdateInProgress("another configuration update is in progress")
         try:
             with self._lock:
+                before = self.config.checkpoint_interval_s
                 self.config, _ = self._overrides.update(self.config, changes)
+                interval = self.config.checkpoint_interval_s
             self._watchdog.check()
+            listener = self.on_interval_change
+            if interval != before and listener is not None:
+                listener(interval)
             return self.effective_config()
         finally:
             self._overrides.update_lock.release()
@@ -251,16 +307,28 @@ class CheckpointCoordinator:
         """Check the checkpoint timeout of the batch in flight every ``period_s``."""
         self._watchdog.start(period_s)
 
+    def was_aborted(self, batch_id: int) -> bool:
+        """Whether the watchdog aborted the checkpoint of ``batch_id`` (its timeout passed)."""
+        return self._watchdog.was_aborted(batch_id)
+
     def end_batch(self, batch_id: int) -> None:
         """The batch is over without a record (its tasks failed): nothing in flight."""
         self._watchdog.end(batch_id)
 
     # ---------------------------------------------------------------- start
     def start(self) -> CheckpointRecord | None:
-        """Load retained checkpoints, rebuild the registry, remove orphans."""
+        """Restore a chosen checkpoint if asked, load retained checkpoints, rebuild the
+        registry, remove orphans.
+
+        With ``restore_from=N`` (once per N, see :mod:`.lifecycle`) the records
+        after N and Spark's progress past N are moved aside first, so N is the
+        latest record and the query resumes after it.
+        """
         with self._lock:
             self.config = apply_overrides(self.config, self._overrides.read())
             cfg = self.config
+            # a restore interrupted earlier is finished; restore_from applies once per batch id
+            self.restored = restore_on_start(cfg, self.metadata, cfg.spark_checkpoint_dir)
             dropped = self._retention.load()
             sweeper: Sweeper | None = None
             try:

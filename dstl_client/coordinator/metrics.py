@@ -3,19 +3,54 @@
 Each coordinator has its own registry, so several jobs (or tests) in one
 process do not collide. :meth:`CoordinatorMetrics.serve` exposes it over
 HTTP on its own port.
+
+Every name starts with ``dstl_driver_`` and every metric carries the label
+``job_id`` (never ``job``: Prometheus reserves it for the scrape job), so no
+name means one thing on a sidecar (``dstl_*``, :mod:`dstl_server.metrics`)
+and another on the driver. The registry also carries prometheus-client's
+process (``process_*``) and Python (``python_*``) collectors.
+``docs/observability.md`` lists them all.
 """
 
 from __future__ import annotations
 
+import platform
 import threading
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 
 from dstl_client.coordinator.stats import CheckpointStats
 
-_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+if TYPE_CHECKING:
+    from dstl_client.coordinator.config import CheckpointSettings
+
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _BYTES = tuple(float(4**i * 1024) for i in range(12))
+#: the one label of every driver metric
+LABELS = ("job_id",)
+
+
+def package_version() -> str:
+    """The installed ``dstl`` distribution's version (``unknown`` when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dstl")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "unknown"
 
 
 class CoordinatorMetrics:
@@ -27,8 +62,17 @@ class CoordinatorMetrics:
 
     def __init__(self, job_id: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        labels = ["job"]
+        labels = LABELS
         r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.build_info = Info(
+            "dstl_driver_build", "Version of dstl and of Python of this driver", labels, registry=r
+        )
+        self.build_info.labels(job_id).info(
+            {"version": package_version(), "python": platform.python_version()}
+        )
 
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
             return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(job_id)
@@ -40,49 +84,81 @@ class CoordinatorMetrics:
             return Gauge(name, doc, labels, registry=r).labels(job_id)
 
         self.batch_duration = hist(
-            "dstl_batch_duration_seconds", "Wall time of a micro-batch, tasks and record.", _SECONDS
+            "dstl_driver_batch_duration_seconds",
+            "Wall time of a micro-batch, tasks and record.",
+            _SECONDS,
         )
         self.checkpoint_duration = hist(
-            "dstl_checkpoint_duration_seconds",
+            "dstl_driver_checkpoint_duration_seconds",
             "Slowest task's persist plus writing the checkpoint record.",
             _SECONDS,
         )
         self.checkpoint_bytes = hist(
-            "dstl_checkpoint_persisted_bytes", "Changelog bytes persisted per checkpoint.", _BYTES
+            "dstl_driver_checkpoint_persisted_bytes",
+            "Changelog bytes persisted per checkpoint.",
+            _BYTES,
         )
         self.materialization_duration = hist(
-            "dstl_materialization_duration_seconds",
+            "dstl_driver_materialization_duration_seconds",
             "Slowest task's materialization in a batch.",
             _SECONDS,
         )
         self.materialization_bytes = hist(
-            "dstl_materialization_bytes", "Snapshot bytes uploaded per materialization.", _BYTES
+            "dstl_driver_materialization_bytes",
+            "Snapshot bytes uploaded per materialization.",
+            _BYTES,
         )
-        self.checkpoints = counter("dstl_checkpoints", "Checkpoints recorded.")
+        self.checkpoints = counter("dstl_driver_checkpoints", "Checkpoints recorded.")
         self.skipped_batches = counter(
-            "dstl_skipped_batches", "Re-run batches skipped because their checkpoint existed."
+            "dstl_driver_skipped_batches",
+            "Re-run batches skipped because their checkpoint existed.",
         )
-        self.materializations = counter("dstl_materializations", "Materializations recorded.")
+        self.materializations = counter(
+            "dstl_driver_materializations", "Materializations recorded."
+        )
         self.materialization_failures = counter(
-            "dstl_materialization_failures", "Batches whose materialization failed."
+            "dstl_driver_materialization_failures", "Batches whose materialization failed."
         )
         self.checkpoint_timeouts = counter(
-            "dstl_checkpoint_timeouts", "Checkpoints aborted by the checkpoint timeout."
+            "dstl_driver_checkpoint_timeouts", "Checkpoints aborted by the checkpoint timeout."
         )
-        self.restores = counter("dstl_restores", "Subtasks that restored from a checkpoint.")
+        self.restores = counter("dstl_driver_restores", "Subtasks that restored from a checkpoint.")
         self.discarded_objects = counter(
-            "dstl_discarded_objects", "Objects discarded (unreferenced or orphaned)."
+            "dstl_driver_discarded_objects", "Objects discarded (unreferenced or orphaned)."
         )
-        self.orphans = counter("dstl_orphan_objects", "Orphaned objects removed on start.")
-        self.last_batch = gauge("dstl_last_checkpoint_batch", "Batch id of the last checkpoint.")
-        self.state_bytes = gauge("dstl_state_bytes", "Local state size over all subtasks.")
+        self.orphans = counter("dstl_driver_orphan_objects", "Orphaned objects removed on start.")
+        self.last_batch = gauge(
+            "dstl_driver_last_checkpoint_batch", "Batch id of the last checkpoint."
+        )
+        self.state_bytes = gauge("dstl_driver_state_bytes", "Local state size over all subtasks.")
         self.checkpoint_size = gauge(
-            "dstl_checkpoint_size_bytes", "Bytes the last checkpoint refers to (parts + changelog)."
+            "dstl_driver_checkpoint_size_bytes",
+            "Bytes the last checkpoint refers to (parts + changelog).",
         )
-        self.segments = gauge("dstl_changelog_segments", "Changelog handles in the last record.")
-        self.rows = counter("dstl_rows", "Input rows processed.")
+        self.segments = gauge(
+            "dstl_driver_changelog_segments", "Changelog handles in the last record."
+        )
+        self.rows = counter("dstl_driver_rows", "Input rows processed.")
+        self.last_materialization = gauge(
+            "dstl_driver_last_materialization_timestamp_seconds",
+            "Unix time of the last completed materialization (before the first: of the start).",
+        )
+        self.last_materialization.set(time.time())
+        self.checkpoint_timeout = gauge(
+            "dstl_driver_checkpoint_timeout_seconds",
+            "Checkpoint timeout in force (checkpoint_timeout_s).",
+        )
+        self.materialize_interval = gauge(
+            "dstl_driver_materialize_interval_seconds",
+            "Materialization interval in force (materialize_interval_s).",
+        )
         self._server: Any = None
         self._lock = threading.Lock()
+
+    def watch_settings(self, settings: Callable[[], CheckpointSettings]) -> None:
+        """Export the timeout and interval in force, read from ``settings()`` at each scrape."""
+        self.checkpoint_timeout.set_function(lambda: settings().checkpoint_timeout_s)
+        self.materialize_interval.set_function(lambda: settings().materialize_interval_s)
 
     def observe_checkpoint(self, stats: CheckpointStats, materialization: bool | None) -> None:
         """A recorded checkpoint; ``materialization``: None if none was planned, else success."""
@@ -100,6 +176,7 @@ class CoordinatorMetrics:
             self.batch_duration.observe(stats.batch_s)
         if materialization is True:
             self.materializations.inc()
+            self.last_materialization.set(time.time())
             self.materialization_duration.observe(stats.mat_max_s)
             self.materialization_bytes.observe(stats.mat_bytes)
         elif materialization is False:

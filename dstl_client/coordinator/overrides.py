@@ -1,7 +1,8 @@
 """Configuration overrides of a running job, persisted next to its checkpoint records.
 
 ``PATCH .../checkpoints/configuration`` (see :mod:`.rest`) changes the
-checkpoint timeout and the materialization interval of the running job.
+checkpoint interval (the query's trigger), the checkpoint timeout and the
+materialization interval of the running job.
 The values are kept in ``config-overrides.json`` of the operator in the job's
 metadata store (milliseconds, by their REST names; see
 :class:`~dstl_client.coordinator.config.CoordinatorConfig` for the layout),
@@ -19,9 +20,13 @@ from dstl_client.coordinator.config import CoordinatorConfig
 from dstl_client.coordinator.metadata import MetadataStore
 from dstl_client.core.errors import ConfigError, DstlError
 
+INTERVAL = "checkpointInterval"
 TIMEOUT = "checkpointTimeout"
-INTERVAL = "materializationInterval"
-FIELDS = (TIMEOUT, INTERVAL)
+MATERIALIZATION = "materializationInterval"
+FIELDS = (INTERVAL, TIMEOUT, MATERIALIZATION)
+#: the shortest checkpoint (trigger) interval: below it a micro-batch's fixed cost
+#: (planning, two Spark jobs, the record) is most of the interval
+MIN_INTERVAL_MS = 100
 
 
 class ConfigUpdateInProgress(DstlError):
@@ -32,17 +37,23 @@ class ConfigUpdateInProgress(DstlError):
 
 
 def check_override(name: str, value: object) -> None:
-    """:class:`ConfigError` unless ``value`` is a positive integer (milliseconds)."""
+    """:class:`ConfigError` unless ``value`` is a positive integer (milliseconds) in range."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{name} must be a positive integer (milliseconds)")
+    if name == INTERVAL and value < MIN_INTERVAL_MS:
+        raise ConfigError(f"{name} must be at least {MIN_INTERVAL_MS} ms")
 
 
 def apply_overrides(config: CoordinatorConfig, overrides: dict[str, int]) -> CoordinatorConfig:
     """``config`` with the overrides applied (validated)."""
+    if INTERVAL in overrides:
+        config = dataclasses.replace(config, checkpoint_interval_s=overrides[INTERVAL] / 1000)
     if TIMEOUT in overrides:
         config = dataclasses.replace(config, checkpoint_timeout_s=overrides[TIMEOUT] / 1000)
-    if INTERVAL in overrides:
-        config = dataclasses.replace(config, materialize_interval_s=overrides[INTERVAL] / 1000)
+    if MATERIALIZATION in overrides:
+        config = dataclasses.replace(
+            config, materialize_interval_s=overrides[MATERIALIZATION] / 1000
+        )
     config.validate()
     return config
 

@@ -11,6 +11,11 @@ no record of *any* keyed operator of the job in the job's metadata store
 (listed there, see :class:`~dstl_client.coordinator.config.CoordinatorConfig`
 for the layout) refers to it, and the orphan sweep is told every operator's
 references.
+
+Records a restore moved aside (``superseded/``, see :mod:`.lifecycle`) count
+as references too, of this operator and of the others, until the new run
+records a checkpoint of their batch or a later one: then :meth:`add` deletes
+them and discards what only they used.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Protocol
 
 from dstl_client.client import ChangelogClient
-from dstl_client.coordinator.config import CoordinatorConfig
+from dstl_client.coordinator.config import SUPERSEDED, CoordinatorConfig
 from dstl_client.coordinator.metadata import MetadataStore
 from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.coordinator.registry import SharedStateRegistry
@@ -75,7 +80,10 @@ def other_operators_records(
         prefixes = config.other_records_prefixes(store)
     except DstlError as exc:
         raise UnreadableRecords(f"{store.url}: {exc}") from None
-    return [CheckpointStorage(store, prefix) for prefix in prefixes]
+    # each operator's retained records, and those a restore moved aside (kept until superseded)
+    return [
+        CheckpointStorage(store, p) for prefix in prefixes for p in (prefix, prefix + SUPERSEDED)
+    ]
 
 
 class RetainedCheckpoints:
@@ -103,6 +111,9 @@ class RetainedCheckpoints:
         self.registry = SharedStateRegistry()
         self._records: deque[CheckpointRecord] = deque()
         self._undiscarded: set[str] = set()
+        #: records a restore moved aside, not yet superseded: batch id -> object keys
+        self.superseded_storage = CheckpointStorage(storage.store, config.superseded_prefix)
+        self._superseded: dict[int, set[str]] = {}
 
     @property
     def records(self) -> list[CheckpointRecord]:
@@ -144,7 +155,45 @@ class RetainedCheckpoints:
             except (DstlError, OSError, ValueError) as exc:
                 log.warning("unreadable old checkpoint record %d: %s", b, exc)
             self.storage.delete(b)
+        latest = self._records[-1].batch_id if self._records else None
+        dropped |= self._load_superseded(latest)
         return dropped
+
+    def _load_superseded(self, latest: int | None) -> set[str]:
+        """Load the records a restore moved aside; delete those ``latest`` supersedes, their keys."""
+        self._superseded = {}
+        for b in self.superseded_storage.batch_ids():
+            try:
+                keys = self.superseded_storage.load(b).object_keys()
+            except CheckpointMissing:
+                continue
+            self._superseded[b] = keys
+        return self._prune_superseded(latest) if latest is not None else set()
+
+    def _prune_superseded(self, through: int) -> set[str]:
+        """Delete the superseded records of batches <= ``through``; the keys they used."""
+        keys: set[str] = set()
+        for b in sorted(b for b in self._superseded if b <= through):
+            self.superseded_storage.delete(b)
+            keys |= self._superseded.pop(b)
+            log.info(
+                "superseded checkpoint record %d of job %s deleted: the new run recorded batch %d",
+                b,
+                self.config.job_id,
+                through,
+            )
+        return keys
+
+    @property
+    def superseded(self) -> list[int]:
+        """Batch ids of the records a restore moved aside that are still kept."""
+        return sorted(self._superseded)
+
+    def _superseded_keys(self) -> set[str]:
+        out: set[str] = set()
+        for keys in self._superseded.values():
+            out |= keys
+        return out
 
     def remove_orphans(self, dropped: set[str], sweeper: Sweeper | None) -> int:
         """Discard the objects of records dropped at start, then sweep the job's orphans.
@@ -174,12 +223,15 @@ class RetainedCheckpoints:
             old = self._records.popleft()
             self.storage.delete(old.batch_id)
             unused.update(self.registry.unregister(old.batch_id))
-        unused = {k for k in unused if not self.registry.is_referenced(k)}
+        if self._superseded:
+            unused |= self._prune_superseded(record.batch_id)
+        kept = self._superseded_keys()
+        unused = {k for k in unused if not self.registry.is_referenced(k) and k not in kept}
         return self.discard(unused) if unused else 0
 
     def job_referenced(self) -> set[str]:
         """Objects any retained record of this operator or any record of another operator uses."""
-        keys = set(self.registry.referenced())
+        keys = set(self.registry.referenced()) | self._superseded_keys()
         for records in other_operators_records(self.config, self.storage.store):
             keys |= records_object_keys(records)
         return keys

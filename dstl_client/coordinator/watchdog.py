@@ -86,6 +86,11 @@ class CheckpointWatchdog:
             except Exception:
                 log.exception("aborting batch %d failed", batch)
 
+    def was_aborted(self, batch_id: int) -> bool:
+        """Whether the checkpoint of ``batch_id`` was aborted (and not begun again since)."""
+        with self._lock:
+            return batch_id in self._aborted
+
     def raise_if_aborted(self, batch_id: int) -> None:
         """:class:`CheckpointTimedOut` (and nothing in flight) if the batch was aborted."""
         self.check()

@@ -96,6 +96,11 @@ def check_packed(packed: PackedChanges, max_change_bytes: int) -> None:
 
     Raises :class:`ValueError` with a reason; callers wrap it in a typed error.
     """
+    sizes_bytes = packed.sizes
+    if packed.count == 1 and len(sizes_bytes) == 4:  # the usual part: one change
+        (size,) = _U32.unpack(sizes_bytes)
+        if size == len(packed.payload) and size <= max_change_bytes:
+            return
     if len(packed.sizes) != 4 * packed.count:
         raise ValueError(f"sizes holds {len(packed.sizes)} bytes for {packed.count} changes")
     if packed.count == 0:
@@ -125,14 +130,29 @@ def split_changes(
 
 @dataclass(slots=True)
 class Changeset:
-    """One closed changeset of one writer: SQN and its changes per key group."""
+    """One closed changeset of one writer: SQN and its changes per key group.
+
+    Closed: ``groups`` no longer changes, so its sizes are counted once.
+    """
 
     sqn: int
     groups: Mapping[int, Sequence[PackedChanges]]
+    _nbytes: int = field(default=-1, repr=False, compare=False)
+    _nparts: int = field(default=-1, repr=False, compare=False)
 
     @property
     def nbytes(self) -> int:
-        return sum(p.nbytes for parts in self.groups.values() for p in parts)
+        """Bytes of sizes and payload of every part (counted on first use)."""
+        if self._nbytes < 0:
+            self._nbytes = sum(p.nbytes for parts in self.groups.values() for p in parts)
+        return self._nbytes
+
+    @property
+    def nparts(self) -> int:
+        """How many parts (one per append of a key group) the changeset holds."""
+        if self._nparts < 0:
+            self._nparts = sum(len(parts) for parts in self.groups.values())
+        return self._nparts
 
 
 @dataclass(slots=True)
@@ -170,25 +190,30 @@ def encode_log_section(
     header_len = _LOG_FIXED.size + _LOG_INDEX.size * len(kgs) + 4
     blocks: list[tuple[int, int, int, list[bytes | memoryview]]] = []
     offset = header_len
+    pack_head = _CHANGESET.pack
+    crc_of = _crc32c.crc32c
     for kg in kgs:
-        chunks: list[bytes | memoryview] = []
-        crc = 0
-        length = 0
+        # one CRC call per key-group block rather than three per part (the same
+        # CRC as chaining it over the pieces), over a copy of the block dropped
+        # at once: the section keeps referring to the parts' own bytes
+        piece: list[bytes | memoryview] = []
         for cs in by_kg[kg]:
             parts = cs.groups[kg]
-            count = sum(p.count for p in parts)
-            payload_len = sum(len(p.payload) for p in parts)
-            head = _CHANGESET.pack(cs.sqn, count, payload_len)
-            piece: list[bytes | memoryview] = [head]
-            piece.extend(p.sizes for p in parts)
-            piece.extend(p.payload for p in parts)
-            for c in piece:
-                crc = crc32c(c, crc)
-                length += len(c)
-            chunks.extend(piece)
-        chunks.append(_U32.pack(crc))
-        length += 4
-        blocks.append((kg, offset, length, chunks))
+            if len(parts) == 1:
+                p = parts[0]
+                piece += (pack_head(cs.sqn, p.count, len(p.payload)), p.sizes, p.payload)
+            else:
+                count = sum(p.count for p in parts)
+                payload_len = sum(len(p.payload) for p in parts)
+                piece.append(pack_head(cs.sqn, count, payload_len))
+                piece.extend(p.sizes for p in parts)
+                piece.extend(p.payload for p in parts)
+        block = b"".join(piece)
+        crc = crc_of(block)
+        length = len(block) + 4
+        del block
+        piece.append(_U32.pack(crc))
+        blocks.append((kg, offset, length, piece))
         offset += length
     header = bytearray(_LOG_FIXED.pack(LOG_MAGIC, log_id, len(kgs), first_sqn, end_sqn))
     for kg, off, length, _ in blocks:

@@ -90,9 +90,9 @@ class ProcessorQuery(DstlQuery):
             except Exception as exc:
                 log.debug("removing the progress listener: %s", exc)
 
-    def stop(self, timeout_s: float = 120.0) -> None:
+    def stop(self, timeout_s: float = 120.0, *, cancel: bool = False) -> None:
         try:
-            super().stop(timeout_s)
+            super().stop(timeout_s, cancel=cancel)
         finally:
             self.unlisten()
 

@@ -97,14 +97,20 @@ class ChainQuery(DstlQuery):
         super().__init__(coordinators[0], metrics_port)
         self.coordinators = coordinators
 
-    def stop(self, timeout_s: float = 120.0) -> None:
-        """Stop the query between two batches (see :meth:`DstlQuery.stop`), then every stage."""
+    def stop(self, timeout_s: float = 120.0, *, cancel: bool = False) -> None:
+        """Stop the query between two batches (see :meth:`DstlQuery.stop`), then every stage.
+
+        ``cancel=True`` with ``retain_on_cancel=False`` disposes of every
+        stage's checkpoints (its records and the objects only they use).
+        """
         try:
-            super().stop(timeout_s)  # the first stage's writers and coordinator
+            super().stop(timeout_s, cancel=cancel)  # the first stage's writers and coordinator
         finally:
             for coordinator in self.coordinators[1:]:
                 try:
                     coordinator.close_writers()
+                    if cancel and not coordinator.config.retain_on_cancel:
+                        coordinator.dispose()
                 finally:
                     coordinator.close()
 
@@ -139,6 +145,11 @@ def process_chain(
     opts = KeyedOptions.of(config, options)
     if not stages:
         raise ConfigError("a chain needs at least one stage")
+    if opts.restore_from is not None:
+        raise ConfigError(
+            "restore_from is not supported by process_chain (its stages and its Spark "
+            "checkpoint would have to be rolled back together)"
+        )
     ids = [s.operator_id for s in stages]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"the stages' operator ids must differ: {ids}")
@@ -188,9 +199,11 @@ def process_chain(
     is_result = F.col(META_COLUMN).isNotNull()
 
     def run_batch(batch_df: Any, batch_id: int) -> None:
-        if handle.stopping:
+        if handle.halted:
             raise QueryStopping(f"batch {batch_id} not run: the query is stopping")
         with handle.in_batch:
+            if handle.halted:  # a trigger switch began while this batch waited
+                raise QueryStopping(f"batch {batch_id} not run: the query is stopping")
             started = time.monotonic()
             plans: list[BatchPlan] = []
             for p in planned:  # the stages without a record of the batch: a prefix
@@ -247,8 +260,11 @@ def process_chain(
                     p.coordinator.end_batch(plan.batch_id)
 
     if opts.start:
+        first = planned[0].coordinator
+        handle.restart = functools.partial(start_query, df, run_batch, opts)
+        first.on_interval_change = handle.change_interval  # the chain's interval: the first stage's
         try:
-            handle.query = start_query(df, run_batch, opts)
+            handle.query = start_query(df, run_batch, opts, first.config.checkpoint_interval_s)
         except BaseException:
             for p in planned:
                 with contextlib.suppress(Exception):

@@ -63,12 +63,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
+from dstl_client.coordinator.failures import CheckpointFailures
 from dstl_client.coordinator.messages import BatchPlan, TaskResult
 from dstl_client.coordinator.rest import CheckpointConfigServer
 from dstl_client.core.errors import ConfigError
 from dstl_client.keygroups import partition_sql
 from dstl_client.spark.options import KeyedOptions
-from dstl_client.spark.query import DstlQuery, QueryStopping, source_progress
+from dstl_client.spark.query import DstlQuery, QueryStopping, source_progress, trigger_of
 from dstl_client.spark.task import (
     MARKER_COLUMN,
     META_COLUMN,
@@ -229,10 +230,16 @@ def run_keyed_query(
         coordinator.close()  # its metadata store client and metrics server
         raise
     job_id = coordinator.config.job_id
-    port = coordinator.metrics.serve(opts.metrics_port) if opts.metrics_port is not None else None
+    port = (
+        coordinator.metrics.serve(opts.metrics_port, opts.metrics_host)
+        if opts.metrics_port is not None
+        else None
+    )
     handle = handle_factory(coordinator, port)
     if opts.config_port is not None:
-        handle.config_server = CheckpointConfigServer(port=opts.config_port)
+        handle.config_server = CheckpointConfigServer(
+            opts.config_host, opts.config_port, token=opts.config_token
+        )
         handle.config_server.register(coordinator)
     running: dict[int, tuple[Any, str]] = {}
 
@@ -244,27 +251,39 @@ def run_keyed_query(
     coordinator.on_timeout = abort
     coordinator.start_watchdog()
     spark_checkpoint = opts.spark_checkpoint_dir
+    failures = CheckpointFailures(lambda: coordinator.config.tolerable_failed_checkpoints)
+    handle.failures = failures
 
     def run_batch(batch_df: Any, batch_id: int) -> None:
-        if handle.stopping:
+        if handle.halted:
             raise QueryStopping(f"batch {batch_id} not run: the query is stopping")
         with handle.in_batch:
-            started = time.monotonic()
-            plan = coordinator.plan_batch(batch_id, parallelism)
-            if plan is None:
+            if handle.halted:  # a trigger switch began while this batch waited
+                raise QueryStopping(f"batch {batch_id} not run: the query is stopping")
+            while True:  # again after a tolerated checkpoint failure (see .failures)
+                started = time.monotonic()
+                plan = coordinator.plan_batch(batch_id, parallelism)
+                if plan is None:
+                    return
+                if on_phase is not None:
+                    on_phase("planned", batch_id)
+                session = batch_df.sparkSession
+                tag = f"dstl-{job_id}-{batch_id}"
+                session.addTag(tag)
+                running[batch_id] = (session, tag)
+                try:
+                    _run_plan(batch_df, batch_id, plan, started)
+                except Exception as exc:
+                    aborted = coordinator.was_aborted(batch_id)
+                    if handle.halted or not failures.retry(batch_id, exc, aborted=aborted):
+                        raise
+                    continue
+                finally:
+                    running.pop(batch_id, None)
+                    session.removeTag(tag)
+                    coordinator.end_batch(batch_id)
+                failures.succeeded()
                 return
-            if on_phase is not None:
-                on_phase("planned", batch_id)
-            session = batch_df.sparkSession
-            tag = f"dstl-{job_id}-{batch_id}"
-            session.addTag(tag)
-            running[batch_id] = (session, tag)
-            try:
-                _run_plan(batch_df, batch_id, plan, started)
-            finally:
-                running.pop(batch_id, None)
-                session.removeTag(tag)
-                coordinator.end_batch(batch_id)
 
     def _run_plan(batch_df: Any, batch_id: int, plan: BatchPlan, started: float) -> None:
         rows = batch_df if hooks.prepare is None else hooks.prepare(batch_df, batch_id, plan)
@@ -302,8 +321,12 @@ def run_keyed_query(
             hooks.recorded(batch_id, [None if r[1] is None else bytes(r[1]) for r in metas])
 
     if opts.start:
+        handle.restart = functools.partial(start_query, df, run_batch, opts)
+        coordinator.on_interval_change = handle.change_interval
         try:
-            handle.query = start_query(df, run_batch, opts)
+            handle.query = start_query(
+                df, run_batch, opts, coordinator.config.checkpoint_interval_s
+            )
         except BaseException:
             with contextlib.suppress(Exception):
                 coordinator.close()
@@ -311,13 +334,20 @@ def run_keyed_query(
     return handle
 
 
-def start_query(df: Any, run_batch: Callable[[Any, int], None], opts: KeyedOptions) -> Any:
-    """Start ``df.writeStream.foreachBatch(run_batch)`` with the query options of ``opts``."""
+def start_query(
+    df: Any, run_batch: Callable[[Any, int], None], opts: KeyedOptions, interval_s: float = 0.0
+) -> Any:
+    """Start ``df.writeStream.foreachBatch(run_batch)`` with the query options of ``opts``.
+
+    ``interval_s`` > 0 (the effective checkpoint interval, e.g. a REST
+    override) is the trigger; else ``opts.trigger``.
+    """
     writer = df.writeStream.foreachBatch(run_batch).option(
         "checkpointLocation", str(opts.spark_checkpoint_dir)
     )
-    if opts.trigger:
-        writer = writer.trigger(**opts.trigger)
+    trigger = trigger_of(interval_s, opts.trigger)
+    if trigger:
+        writer = writer.trigger(**trigger)
     if opts.query_name:
         writer = writer.queryName(opts.query_name)
     return writer.start()

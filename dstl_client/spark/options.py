@@ -14,6 +14,12 @@ written. The job's checkpoint metadata goes to ``metadata_url`` (default
 ``<checkpoint_dir>/dstl``, ``s3a://`` read as ``s3://``; see
 :func:`~dstl_client.coordinator.config.metadata_location`).
 
+``restore_from=N`` starts the query from the retained checkpoint of batch
+``N`` instead of the latest (records and Spark progress past it moved aside,
+see :mod:`dstl_client.coordinator.lifecycle`; the same as ``dstl checkpoints
+restore N`` before the start). ``retain_on_cancel=False`` disposes of the
+checkpoints on ``DstlQuery.stop(cancel=True)``.
+
 Frozen: safe to share between threads.
 """
 
@@ -29,11 +35,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dstl_client.coordinator.config import (
-    DEFAULT_OPERATOR,
     CheckpointSettings,
     CoordinatorConfig,
-    join_location,
     metadata_location,
+    spark_location,
     url_scheme,
 )
 from dstl_client.core.errors import ConfigError
@@ -65,6 +70,39 @@ def default_job_id(checkpoint_dir: str) -> str:
     return f"{base[:100]}-{zlib.crc32(where.encode()):08x}"
 
 
+_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
+_UNITS = {
+    "": 0.001,
+    "ms": 0.001,
+    "millisecond": 0.001,
+    "milliseconds": 0.001,
+    "s": 1.0,
+    "second": 1.0,
+    "seconds": 1.0,
+    "min": 60.0,
+    "minute": 60.0,
+    "minutes": 60.0,
+    "h": 3600.0,
+    "hour": 3600.0,
+    "hours": 3600.0,
+}
+
+
+def interval_seconds(value: object) -> float:
+    """Seconds of a Spark ``processingTime`` (``"5 seconds"``, ``"500 ms"``, ms as a number).
+
+    ``0.0`` for what it cannot read (the interval is then reported as the default).
+    """
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return max(0.0, float(value) / 1000)
+    if not isinstance(value, str):
+        return 0.0
+    m = _INTERVAL.match(value.lower().removeprefix("interval").strip())
+    if m is None or m.group(2) not in _UNITS:
+        return 0.0
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KeyedOptions(CheckpointSettings):
     """How a keyed query runs (the checkpoint tunables are inherited, with their defaults)."""
@@ -81,8 +119,15 @@ class KeyedOptions(CheckpointSettings):
     query_name: str | None = None
     #: Prometheus metrics of the coordinator on this port (0: any free one)
     metrics_port: int | None = None
+    #: the host the metrics endpoint binds: ``0.0.0.0`` to be scraped from outside the
+    #: driver's pod (``/metrics`` holds figures only, no data and no secrets)
+    metrics_host: str = "127.0.0.1"
     #: the dynamic configuration REST endpoint on this port (0: any free one)
     config_port: int | None = None
+    #: the host the REST endpoint binds (anything but loopback needs ``config_token``)
+    config_host: str = "127.0.0.1"
+    #: the bearer token the REST endpoint requires (default: none, on loopback only)
+    config_token: str = ""
     #: start the streaming query (else only the coordinator is started)
     start: bool = True
     #: ``on_phase(phase, batch_id)`` on the driver: "planned", "tasks_done", "recorded"
@@ -127,14 +172,17 @@ class KeyedOptions(CheckpointSettings):
         metadata_location(self.checkpoint_dir, self.metadata_url)
 
     def coordinator_config(self) -> CoordinatorConfig:
+        settings = self.settings()
+        if not self.checkpoint_interval_s and self.trigger:
+            # the job's own processingTime trigger is its checkpoint interval
+            settings["checkpoint_interval_s"] = interval_seconds(self.trigger.get("processingTime"))
         return CoordinatorConfig(
             job_id=self.job_id or default_job_id(self.checkpoint_dir),
             checkpoint_dir=self.checkpoint_dir,
-            **self.settings(),
+            **settings,
         )
 
     @property
     def spark_checkpoint_dir(self) -> str:
         """Spark's ``checkpointLocation`` of the query (one per keyed operator); a URL stays one."""
-        name = "spark" if self.operator_id == DEFAULT_OPERATOR else f"spark-{self.operator_id}"
-        return join_location(self.checkpoint_dir, name)
+        return spark_location(self.checkpoint_dir, self.operator_id)

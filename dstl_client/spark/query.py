@@ -6,12 +6,16 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from dstl_client.coordinator.config import url_scheme
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
+from dstl_client.coordinator.failures import CheckpointFailures
+from dstl_client.coordinator.lifecycle import DisposeResult
 from dstl_client.coordinator.rest import CheckpointConfigServer
 from dstl_client.coordinator.stats import CheckpointStats
 from dstl_client.core.errors import DstlError
@@ -23,6 +27,30 @@ class QueryStopping(DstlError):
     """Raised into Spark for a batch that starts while :meth:`DstlQuery.stop` runs."""
 
     kind = "query_stopping"
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerSwitch:
+    """One change of the checkpoint interval of a running query; durations in seconds."""
+
+    interval_s: float
+    #: waiting for the batch in flight to end
+    wait_s: float
+    #: Spark's ``StreamingQuery.stop``
+    stop_s: float
+    #: ``writeStream...start()`` of the query with the new trigger
+    start_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.wait_s + self.stop_s + self.start_s
+
+
+def trigger_of(interval_s: float, default: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The ``DataStreamWriter.trigger`` keywords of a checkpoint interval (0: ``default``)."""
+    if interval_s > 0:
+        return {"processingTime": f"{round(interval_s * 1000)} milliseconds"}
+    return default
 
 
 class DstlQuery:
@@ -40,6 +68,18 @@ class DstlQuery:
         self.in_batch = threading.Lock()
         self.stopping = False
         self.config_server: CheckpointConfigServer | None = None
+        #: what ``stop(cancel=True)`` disposed of (``retain_on_cancel=False``)
+        self.disposed: DisposeResult | None = None
+        #: set while the trigger is switched (the Spark query is stopped and started)
+        self.pausing = False
+        self.switching = threading.Event()
+        #: ``restart(interval_s)``: start the Spark query again with that interval
+        self.restart: Callable[[float], Any] | None = None
+        #: the trigger switches done so far, in order
+        self.switches: list[TriggerSwitch] = []
+        self._switch_lock = threading.Lock()
+        #: the query's consecutive checkpoint failures (set by the batch cycle)
+        self.failures: CheckpointFailures | None = None
 
     @property
     def history(self) -> list[CheckpointStats]:
@@ -55,15 +95,88 @@ class DstlQuery:
         """Block until the checkpoint of ``batch_id`` (or a later one) is recorded."""
         deadline = time.monotonic() + timeout_s
         while self.last_batch_id < batch_id:
-            if self.query is not None and not self.query.isActive:
-                exc = self.query.exception()
-                raise RuntimeError(f"the query stopped: {exc}")
+            query = self.query
+            if (
+                query is not None
+                and not query.isActive
+                and not self.switching.is_set()
+                and self.query is query  # not replaced by a trigger switch meanwhile
+            ):
+                raise RuntimeError(f"the query stopped: {query.exception()}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"batch {batch_id} not checkpointed in {timeout_s}s")
             time.sleep(0.1)
 
-    def stop(self, timeout_s: float = 120.0) -> None:
+    @property
+    def halted(self) -> bool:
+        """No batch may start: the query is stopping or switching its trigger."""
+        return self.stopping or self.pausing
+
+    def change_interval(self, interval_s: float) -> None:
+        """Switch the query's trigger to ``interval_s`` between two batches (in a thread).
+
+        Called by the coordinator when ``checkpointInterval`` changes (see
+        :mod:`dstl_client.coordinator.rest`). The batch in flight finishes;
+        then the Spark query is stopped and started again from its checkpoint
+        with the new trigger, in this driver: the Spark application, its
+        executors and their node-local state stay (a batch that would start
+        meanwhile fails with :class:`QueryStopping`, uncommitted, and runs in
+        the new query). Each switch is recorded in :attr:`switches`.
+        """
+        if self.restart is None or self.stopping:
+            return
+        threading.Thread(
+            target=self._switch, args=(interval_s,), name="dstl-trigger-switch", daemon=True
+        ).start()
+
+    def _switch(self, interval_s: float, timeout_s: float = 120.0) -> None:
+        restart = self.restart
+        assert restart is not None
+        with self._switch_lock:
+            if self.stopping:
+                return
+            t0 = time.monotonic()
+            self.switching.set()
+            self.pausing = True
+            try:
+                if self.in_batch.acquire(timeout=timeout_s):  # the batch in flight ends first
+                    self.in_batch.release()
+                t1 = time.monotonic()
+                if self.query is not None:
+                    self.query.stop()
+                t2 = time.monotonic()
+                self.pausing = False
+                if not self.stopping:
+                    self.query = restart(interval_s)
+                t3 = time.monotonic()
+            except Exception:
+                log.exception("switching the trigger of job %s failed", self.job_id)
+                raise
+            finally:
+                self.pausing = False
+                self.switching.clear()
+            switch = TriggerSwitch(interval_s, t1 - t0, t2 - t1, t3 - t2)
+            self.switches.append(switch)
+            log.info(
+                "job %s: checkpoint interval now %.3fs (trigger switched in %.2fs: waited %.2fs "
+                "for the batch in flight, stopped in %.2fs, started in %.2fs)",
+                self.job_id,
+                interval_s,
+                switch.total_s,
+                switch.wait_s,
+                switch.stop_s,
+                switch.start_s,
+            )
+
+    def stop(self, timeout_s: float = 120.0, *, cancel: bool = False) -> None:
         """Stop the query between two batches, close its writers, release the coordinator.
+
+        ``cancel=True`` ends the job for good: with ``retain_on_cancel=False``
+        (Flink's DELETE_ON_CANCELLATION) its checkpoints are disposed of once
+        Spark stopped (records, the objects only they use, the local Spark
+        checkpoint: :func:`~dstl_client.coordinator.lifecycle.dispose_operator`);
+        with the default ``retain_on_cancel=True`` (RETAIN_ON_CANCELLATION) they
+        stay, for a later start or ``dstl checkpoints restore``.
 
         A running batch is let finish (up to ``timeout_s``); a batch that
         starts after this call does nothing and fails the query with
@@ -85,6 +198,11 @@ class DstlQuery:
             closed = self.coordinator.close_writers()
             if closed:
                 log.info("closed %d changelog writers of job %s", closed, self.job_id)
+            if cancel and not self.coordinator.config.retain_on_cancel:
+                self.disposed = self.coordinator.dispose()
+                log.info(
+                    "job %s cancelled: checkpoints disposed of (%s)", self.job_id, self.disposed
+                )
         finally:
             self.coordinator.close()
 

@@ -26,7 +26,13 @@ def open_store(url: str, settings: ServerSettings | None = None) -> BlobStore:
             raise ConfigError(f"file:// URL must be absolute (file:///path), got {url!r}")
         if not parsed.path:
             raise ConfigError(f"file:// URL without a path: {url!r}")
-        return LocalBlobStore(parsed.path, fsync=settings.fsync if settings else True)
+        try:
+            return LocalBlobStore(parsed.path, fsync=settings.fsync if settings else True)
+        except OSError as exc:  # the directory cannot be created
+            raise ConfigError(
+                f"setting storage={url!r}: cannot create the directory {parsed.path}: "
+                f"{exc.strerror or exc}"
+            ) from None
     if parsed.scheme == "s3":
         try:
             from dstl_server.storage.s3 import S3BlobStore  # type: ignore[import-not-found,unused-ignore]

@@ -26,6 +26,10 @@ Contract (checked by ``tests/dstl_server/storage/contract.py`` for every store):
   proves writes can work where the store can tell) and raises a
   :class:`StorageError` when it does not; it never creates, changes or
   removes an object (whatever it writes is never listed).
+* ``fatal_at_start(error)`` says whether a probe failing with ``error`` when
+  the sidecar starts means the configuration cannot work (it exits 2): by
+  default an error that is not ``retryable`` (a missing bucket, refused
+  credentials); an unreachable store is not fatal (health NOT_SERVING).
 * ``sweep_leftovers(older_than_s)`` removes what interrupted writes left
   behind (temp files of a ``put`` whose process died) that is older than
   ``older_than_s`` seconds, and returns how many it removed. Objects are
@@ -44,6 +48,10 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dstl_client.core.errors import StorageError
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,16 @@ class BlobStore(abc.ABC):
 
         The default suits stores that cannot be unreachable (in-memory fakes).
         """
+
+    def fatal_at_start(self, error: StorageError) -> bool:
+        """Whether a failed probe when the sidecar starts means it cannot work at all.
+
+        Then the sidecar exits (code 2) instead of serving NOT_SERVING until
+        the store answers. By default the errors that trying again cannot fix
+        (a missing bucket, refused credentials: not ``retryable``) are fatal
+        and an unreachable store is not.
+        """
+        return not error.retryable
 
     async def sweep_leftovers(self, older_than_s: float) -> int:
         """Remove leftovers of interrupted writes older than ``older_than_s`` seconds.

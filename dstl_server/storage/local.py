@@ -121,6 +121,10 @@ class LocalBlobStore(BlobStore):
                 retryable=True,
             ) from exc
 
+    def fatal_at_start(self, error: StorageError) -> bool:
+        """A directory that cannot be written at start is a configuration error."""
+        return True
+
     async def sweep_leftovers(self, older_than_s: float) -> int:
         """Remove temp files under the root last modified more than ``older_than_s`` ago.
 

@@ -36,6 +36,7 @@ def append_phase(t: BenchTarget, name: str, change_bytes: int) -> dict[str, Any]
         batch_bytes=cfg.batch_bytes,
         duration_s=cfg.duration_s,
         checkpoint_interval_s=cfg.checkpoint_interval_s,
+        transport=cfg.transport,
     )
     before = t.scrape()
     results = run_writers(plans(base, writers, cfg.processes), cfg.duration_s + 2 * WAIT_TIMEOUT_S)

@@ -39,6 +39,7 @@ def checkpoint_phase(t: BenchTarget, writers: int) -> dict[str, Any]:
         round_interval_s=cfg.round_interval_s,
         warmup_rounds=cfg.warmup_rounds,
         appends_with_persist=cfg.appends_with_persist,
+        transport=cfg.transport,
     )
     before, cpu0 = t.scrape(), t.cpu_s()
     results = run_writers(plans(base, writers, processes), cfg.rounds * 5.0 + 2 * WAIT_TIMEOUT_S)
@@ -83,6 +84,7 @@ def checkpoint_phase(t: BenchTarget, writers: int) -> dict[str, Any]:
         "server_persist_mean_ms": round(srv_mean_ms, 3),
         # server CPU per round: every writer's append and persist RPC, uploads included
         "server_cpu_ms_per_round": round(cpu_s / cfg.rounds * 1000, 3),
+        "server_cpu_us_per_persist": round(cpu_s / cfg.rounds / writers * 1e6, 1),
         "store_put_ms": put,
         "added_ms": added,
         "flushes": int(flushes),

@@ -100,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(the real checkpoint path) instead of being sent before the timer starts",
     )
     p.add_argument(
+        "--transport",
+        choices=("stream", "unary"),
+        help=f"how the clients send writer calls (default {d.transport})",
+    )
+    p.add_argument(
         "--max-processes",
         type=_positive(int),
         help=f"writer processes in the checkpoint runs (default {d.max_processes})",
@@ -149,6 +154,7 @@ def config_from_args(ns: argparse.Namespace) -> BenchConfig:
         "persist_delay_ms": ns.persist_delay_ms,
         "fsync": ns.fsync,
         "appends_with_persist": ns.appends_with_persist,
+        "transport": ns.transport,
     }
     cfg = replace(cfg, **{k: v for k, v in flags.items() if v is not None})
     if cfg.warmup_rounds >= cfg.rounds:

@@ -47,6 +47,8 @@ class BenchConfig:
     fsync: bool = True
     min_baseline_puts: int = 300
     rpc_calls: int = 2000
+    #: how the writers' clients send their calls: "stream" (the client's default) or "unary"
+    transport: str = "stream"
     quick: bool = False
 
 

@@ -17,7 +17,8 @@ def format_report(report: dict[str, Any]) -> str:
         "",
         f"dstl benchmark -- {report['machine']['cpus']} CPUs, Python {report['machine']['python']}, "
         f"file:// store, fsync {'on' if cfg['fsync'] else 'off'}, "
-        f"persist delay {cfg['persist_delay_ms']:g} ms, {report['seconds']:g}s",
+        f"persist delay {cfg['persist_delay_ms']:g} ms, {cfg.get('transport', 'unary')} "
+        f"transport, {report['seconds']:g}s",
         "",
         "Append (batched, pre-emptive uploads on; MB = 10^6 bytes of change payload)",
         f"  {'run':<8}{'writers':>8}{'change':>9}{'changes/s':>13}{'MB/s':>9}"
@@ -54,7 +55,7 @@ def format_report(report: dict[str, Any]) -> str:
         "",
         "Checkpoint diagnostics",
         f"  {'writers':>7}{'flushes by trigger':>34}{'call spread p50/max ms':>24}"
-        f"{'srv persist mean ms':>21}{'srv CPU ms/round':>18}",
+        f"{'srv persist mean ms':>21}{'srv CPU ms/round':>18}{'us/persist':>12}",
     ]
     for c in report["checkpoint"]:
         triggers = " ".join(f"{k}={v}" for k, v in sorted(c["flushes_by_trigger"].items()))
@@ -62,11 +63,13 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"  {c['writers']:>7}{triggers:>34}{spread:>24}"
             f"{c['server_persist_mean_ms']:>21.2f}{c['server_cpu_ms_per_round']:>18.2f}"
+            f"{c.get('server_cpu_us_per_persist', 0):>12.0f}"
         )
     rpc = report["rpc"]
     lines += [
         "  (call spread = how far apart one round's persist calls left the writers)",
-        f"  one unary call (LastAppendedSqn, sequential): {rpc['wall_us_per_call']:.0f} us round "
+        f"  one {rpc.get('transport', 'unary')} call (LastAppendedSqn, sequential): "
+        f"{rpc['wall_us_per_call']:.0f} us round "
         f"trip, {rpc['server_cpu_us_per_call']:.0f} us of server CPU",
         "",
         f"Memory: idle RSS {report['memory']['idle_rss_bytes'] / MiB:,.0f} MiB, peak "

@@ -1,4 +1,4 @@
-"""The rpc phase: what one trivial unary call costs (the floor under every RPC)."""
+"""The rpc phase: what one trivial writer call costs (the floor under every call)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from loadtest.bench.target import BenchTarget
 
 
 def rpc_phase(t: BenchTarget, calls: int) -> dict[str, Any]:
-    """Cost of one trivial unary call (LastAppendedSqn), sequential, one client.
+    """Cost of one trivial call (LastAppendedSqn), sequential, one client, the run's transport.
 
     The floor under every append and persist: with N writers persisting
     together the server spends at least N times this on the calls alone.
     """
-    with ChangelogClient(t.server.address) as client:
+    with ChangelogClient(t.server.address, transport=t.cfg.transport) as client:
         client.wait_ready(30)
         with client.create_writer(
             job_id="bench-rpc", operator_id="rpc", key_group_range=(0, 0)
@@ -29,11 +29,12 @@ def rpc_phase(t: BenchTarget, calls: int) -> dict[str, Any]:
             wall, cpu_s = time.perf_counter() - t0, t.cpu_s() - cpu0
     out = {
         "calls": calls,
+        "transport": t.cfg.transport,
         "wall_us_per_call": round(wall / calls * 1e6, 1),
         "server_cpu_us_per_call": round(cpu_s / calls * 1e6, 1),
     }
     say(
-        f"[rpc] one unary call: {out['wall_us_per_call']:.0f} us round trip, "
+        f"[rpc] one {t.cfg.transport} call: {out['wall_us_per_call']:.0f} us round trip, "
         f"{out['server_cpu_us_per_call']:.0f} us of server CPU"
     )
     return out

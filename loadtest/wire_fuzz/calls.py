@@ -3,6 +3,10 @@
 Requests travel as bytes through ``channel.unary_unary(path,
 request_serializer=None)`` (what ``ChangelogStub`` sends, minus the
 serializer), so well-formed, crafted and garbage requests take one path.
+A writer call marked ``stream`` travels instead as the only request of a
+new ``Session`` stream (its bytes wrapped, unchanged, in a
+``SessionRequest``); the stream's answer is turned back into what the
+unary call would have returned (a response, or a code and error kind).
 :func:`invoke` and :func:`check_health` may be called from any thread with
 that thread's own channel.
 """
@@ -17,6 +21,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from dstl_client.core._pb import dstl_pb2 as pb
+from loadtest.wire_fuzz.encoding import tag, varint
 from loadtest.wire_fuzz.settings import (
     CALL_TIMEOUT_S,
     ERROR_KIND_KEY,
@@ -69,6 +75,8 @@ class Call:
     order: tuple[int, int] | None = None
     #: ListObjects: the job listed (its next page token is kept for a later call)
     listing: str | None = None
+    #: a writer call sent as the only request of a Session stream
+    stream: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +105,8 @@ def invoke(channel: Any, call: Call, timeout_s: float = CALL_TIMEOUT_S) -> Outco
     t0 = time.monotonic()
     path = SERVICE + call.method
     try:
+        if call.stream:
+            return _on_session(channel, call, timeout_s, t0)
         if call.streaming:
             stream = channel.unary_stream(
                 path, request_serializer=None, response_deserializer=None
@@ -124,6 +134,36 @@ def invoke(channel: Any, call: Call, timeout_s: float = CALL_TIMEOUT_S) -> Outco
         except Exception:
             code, details = "UNKNOWN", repr(exc)
         return Outcome(code, kind, details, elapsed)
+
+
+#: SessionRequest field of each writer call
+SESSION_FIELDS = {"Append": 2, "LastAppendedSqn": 3, "PersistDurably": 4, "Truncate": 5}
+
+
+def _on_session(channel: Any, call: Call, timeout_s: float, t0: float) -> Outcome:
+    """One request on a new Session stream; its answer as the unary call's outcome."""
+    # id 1, then the call's bytes as they are (length-delimited), then half-close
+    raw = tag(1, 0) + varint(1) + tag(SESSION_FIELDS[call.method], 2)
+    raw += varint(len(call.request)) + call.request
+    stream = channel.stream_stream(
+        SERVICE + "Session", request_serializer=None, response_deserializer=None
+    )(iter([raw]), timeout=timeout_s)
+    answers = [pb.SessionResponse.FromString(a) for a in stream]
+    elapsed = time.monotonic() - t0
+    if len(answers) != 1 or answers[0].id != 1:
+        ids = [a.id for a in answers]
+        return Outcome("UNKNOWN", None, f"stream answered ids {ids}, expected [1]", elapsed)
+    answer = answers[0]
+    if answer.HasField("error"):
+        e = answer.error
+        return Outcome(e.code or "UNKNOWN", e.kind or None, e.message, elapsed)
+    unary: Any = {
+        "Append": pb.AppendResponse(sqn=answer.sqn),
+        "LastAppendedSqn": pb.SqnResponse(sqn=answer.sqn),
+        "PersistDurably": pb.PersistResponse(handle=answer.handle),
+        "Truncate": pb.TruncateResponse(),
+    }[call.method]
+    return Outcome("OK", None, "", elapsed, unary.SerializeToString(), 1)
 
 
 def check_health(channel: Any) -> tuple[bool, str]:

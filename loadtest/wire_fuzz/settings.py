@@ -34,6 +34,8 @@ FATAL_HEALTH_FAILURES = 8
 #: writers a worker keeps; a writer is replaced after this many calls
 WRITERS_PER_WORKER = 4
 WRITER_MAX_CALLS = 150
+#: share of a chaotic writer's calls (and of garbage made of them) sent on a Session stream
+STREAM_FRACTION = 0.3
 #: distinct violations kept with their example (the rest are only counted)
 MAX_DISTINCT_VIOLATIONS = 60
 DESC_LIMIT = 700

@@ -15,13 +15,14 @@ from collections import deque
 from typing import Any
 
 from dstl_client.core._pb import dstl_pb2 as pb
-from loadtest.wire_fuzz.calls import Call, Outcome, Writer, check_health, invoke
+from loadtest.wire_fuzz.calls import SESSION_FIELDS, Call, Outcome, Writer, check_health, invoke
 from loadtest.wire_fuzz.encoding import c64, clip
 from loadtest.wire_fuzz.gen import Gen
 from loadtest.wire_fuzz.invariants import check_call
 from loadtest.wire_fuzz.settings import (
     HEALTH_EVERY_CALLS,
     HOARD_MODES,
+    STREAM_FRACTION,
     WRITER_MAX_CALLS,
     WRITERS_PER_WORKER,
 )
@@ -133,6 +134,17 @@ class FuzzWorker(threading.Thread):
             call = self.gen.foreign()
         else:
             call = self.gen.garbage(self._garbage_base(handles()))
+        # a chaotic writer's call (or garbage made of one) goes on a Session stream at
+        # times; an ordered writer's never (a stream ignores seq: its model would drift)
+        w = call.writer
+        if (
+            call.method in SESSION_FIELDS
+            and not call.ordered
+            and (w is None or not w.ordered)
+            and self.rng.random() < STREAM_FRACTION
+        ):
+            call.stream = True
+            call.desc += " [on a Session stream]"
         return self._send(channel, call)
 
     def _garbage_base(self, handles: list[tuple[str, pb.Handle]]) -> Call:

@@ -119,7 +119,8 @@ def render(chart: helm.Chart, values: dict[str, Any], release: str = RELEASE) ->
     files = chart.render(values, name=release, namespace=NAMESPACE)
     docs: list[Manifest] = []
     for path, text in sorted(files.items()):
-        if path.endswith(".yaml"):
+        # the `helm test` pod is no release object: tests/deploy/test_observability.py
+        if path.endswith(".yaml") and "/templates/tests/" not in path:
             docs.extend(d for d in yaml.safe_load_all(text) if d)
     return docs
 

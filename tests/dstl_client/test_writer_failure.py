@@ -1,9 +1,14 @@
-"""Sticky writer failure and request sizes, against real sidecar processes."""
+"""Sticky writer failure and request sizes, against real sidecar processes.
+
+Every test that sends writer calls runs once per client transport (unary
+calls, the Session stream).
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +28,13 @@ KiB = 1 << 10
 MiB = 1 << 20
 
 
+@pytest.fixture
+def client(sidecar: ServerProcess, transport: str) -> Iterator[ChangelogClient]:
+    with ChangelogClient(sidecar.address, transport=transport) as c:
+        c.wait_ready()
+        yield c
+
+
 def test_batch_bytes_must_leave_room_below_the_message_limit() -> None:
     with pytest.raises(ConfigError, match="batch_bytes"):
         ChangelogClient("127.0.0.1:1", batch_bytes=64 * MiB)
@@ -33,11 +45,13 @@ def test_batch_bytes_must_leave_room_below_the_message_limit() -> None:
     ChangelogClient("127.0.0.1:1", batch_bytes=MiB, max_message_bytes=MiB + REQUEST_MARGIN_BYTES)
 
 
-def test_no_request_outgrows_the_message_limit(sidecar: ServerProcess) -> None:
+def test_no_request_outgrows_the_message_limit(sidecar: ServerProcess, transport: str) -> None:
     # 140 KiB changes, a 150 KiB batch and a 256 KiB message limit: two changes
     # in one request would be refused by gRPC; the buffer goes out before that
     limit = 256 * KiB
-    with ChangelogClient(sidecar.address, batch_bytes=150 * KiB, max_message_bytes=limit) as c:
+    with ChangelogClient(
+        sidecar.address, batch_bytes=150 * KiB, max_message_bytes=limit, transport=transport
+    ) as c:
         w = c.create_writer(job_id="sizes", operator_id="op", key_group_range=(0, 63))
         assert w.max_change_bytes < limit - REQUEST_MARGIN_BYTES
         with pytest.raises(ChangeTooLarge):
@@ -71,11 +85,11 @@ def test_refusals_that_lose_nothing_do_not_fail_the_writer(client: ChangelogClie
 
 
 def test_a_persist_after_a_refused_persist_with_changes_gets_no_handle(
-    sidecar: ServerProcess,
+    sidecar: ServerProcess, transport: str
 ) -> None:
     # A client that thinks changes may be 8 MiB (a stale limit, as when a
     # writer is reopened by log id): the sidecar refuses the carried change.
-    client = ChangelogClient(sidecar.address, batch_bytes=16 * MiB)
+    client = ChangelogClient(sidecar.address, batch_bytes=16 * MiB, transport=transport)
     created = client.create_writer(job_id="stale", operator_id="op", key_group_range=(0, 7))
     w = ChangelogWriter(client, "stale", created.log_id, (0, 7), 8 * MiB)
     too_big = b"x" * (created.max_change_bytes + 1)
@@ -98,8 +112,13 @@ def test_a_persist_after_a_refused_persist_with_changes_gets_no_handle(
     client.close()
 
 
-def test_an_unknown_outcome_fails_the_writer_and_close_still_works(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path) as proc, ChangelogClient(proc.address) as client:
+def test_an_unknown_outcome_fails_the_writer_and_close_still_works(
+    tmp_path: Path, transport: str
+) -> None:
+    with (
+        ServerProcess(tmp_path) as proc,
+        ChangelogClient(proc.address, transport=transport) as client,
+    ):
         w = client.create_writer(job_id="gone", operator_id="op", key_group_range=(0, 7))
         w.append(1, b"one")
         w.flush()
@@ -113,10 +132,10 @@ def test_an_unknown_outcome_fails_the_writer_and_close_still_works(tmp_path: Pat
 
 
 def test_a_cancelled_persist_is_sidecar_unavailable_and_fails_the_writer(
-    tmp_path: Path,
+    tmp_path: Path, transport: str
 ) -> None:
     with ServerProcess(tmp_path) as proc:
-        client = ChangelogClient(proc.address)
+        client = ChangelogClient(proc.address, transport=transport)
         w = client.create_writer(job_id="cancel", operator_id="op", key_group_range=(0, 7))
         assert proc.proc is not None
         os.kill(proc.proc.pid, signal.SIGSTOP)  # the call hangs in flight
@@ -131,3 +150,37 @@ def test_a_cancelled_persist_is_sidecar_unavailable_and_fails_the_writer(
         assert type(info.value) is SidecarUnavailable, repr(info.value)
         assert "CANCELLED" in info.value.message
         assert isinstance(w.failed, SidecarUnavailable)
+
+
+def test_an_unknown_transport_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="transport"):
+        ChangelogClient("127.0.0.1:1", transport="carrier-pigeon")
+
+
+def test_a_lost_stream_fails_only_writers_with_a_call_on_it(tmp_path: Path) -> None:
+    """A stream that breaks while idle costs nothing: the next call opens a new one.
+
+    Its answer then decides, as for a unary call (here: the sidecar is gone).
+    A persist waiting on a stream that breaks fails with SidecarUnavailable, and
+    its writer fails for good when it carried changes.
+    """
+    with (
+        ServerProcess(tmp_path, extra_args=["--persist-delay-ms", "60000"]) as proc,
+        ChangelogClient(proc.address, transport="stream", timeout_s=10) as client,
+    ):
+        idle = client.create_writer(job_id="lost", operator_id="idle", key_group_range=(0, 1))
+        busy = client.create_writer(job_id="lost", operator_id="busy", key_group_range=(0, 1))
+        idle.append(0, b"sent")
+        idle.flush()  # its stream is open, and idle from here on
+        busy.append(1, b"carried by the persist")
+        waiting = busy.persist_durably(after=0)  # held by the 60 s persist delay
+        proc.kill()
+        with pytest.raises(SidecarUnavailable):
+            waiting.result(timeout=10)
+        assert isinstance(busy.failed, SidecarUnavailable)
+        assert idle.failed is None  # nothing of it was in flight
+        with pytest.raises(SidecarUnavailable):
+            idle.last_appended_sqn()  # a new stream; the sidecar is gone
+        assert isinstance(idle.failed, SidecarUnavailable)
+        idle.close()
+        busy.close()

@@ -13,6 +13,8 @@ import grpc
 
 from dstl_client import ChangelogClient, ChangelogHandle, ChangelogWriter
 from dstl_client._status import to_dstl_error
+from dstl_client._stream import error_of as stream_error
+from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
 from dstl_client.core.errors import DstlError
 from dstl_server.testing import ServerProcess
@@ -112,6 +114,46 @@ def sidecar_with_bystander(root: Path, extra_args: list[str]) -> Iterator[Sideca
         finally:
             client.close()
             channel.close()
+
+
+def on_stream(
+    stub: pb_grpc.ChangelogStub, requests: list[pb.SessionRequest], timeout: float = 20
+) -> tuple[list[pb.SessionResponse], DstlError | None]:
+    """Send ``requests`` on one raw Session stream, half-close; every answer, in order
+    of arrival, and the typed error the stream ended with (``None``: it ended OK)."""
+    answers: list[pb.SessionResponse] = []
+    try:
+        for answer in stub.Session(iter(requests), timeout=timeout):
+            answers.append(answer)
+    except grpc.RpcError as exc:
+        return answers, to_dstl_error(exc)
+    return answers, None
+
+
+#: the Session stream's field for each unary writer call
+STREAM_FIELDS = {
+    "Append": "append",
+    "LastAppendedSqn": "last_appended_sqn",
+    "PersistDurably": "persist",
+    "Truncate": "truncate",
+}
+
+
+def refusal(stub: pb_grpc.ChangelogStub, transport: str, method: str, request: Any) -> DstlError:
+    """The typed error ``request`` (of unary ``method``) gets, sent as ``transport`` says:
+    a unary call, or the only request of a new Session stream (answered, not ended)."""
+    if transport == "unary":
+        return error_of(getattr(stub, method), request)
+    answers, ended = on_stream(stub, [pb.SessionRequest(id=7, **{STREAM_FIELDS[method]: request})])
+    assert ended is None, f"the stream ended with {ended!r} instead of answering"
+    assert [a.id for a in answers] == [7] and answers[0].HasField("error"), answers
+    return error_of_answer(answers[0])
+
+
+def error_of_answer(answer: pb.SessionResponse) -> DstlError:
+    """The typed error of a refused stream request (as the client raises it)."""
+    assert answer.HasField("error"), f"request {answer.id} was not refused: {answer}"
+    return stream_error(answer.error)
 
 
 def error_of(call: Callable[..., Any], request: Any, timeout: float = 20) -> DstlError:

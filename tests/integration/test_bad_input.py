@@ -2,7 +2,10 @@
 
 One real ``dstl-server`` (with a small ``--max-change-bytes``) serves the whole
 module; after every test a bystander writer of another job must still append,
-persist and read back every byte it ever wrote.
+persist and read back every byte it ever wrote. Writer calls are checked over
+both transports (``transport``: unary calls, the Session stream); the
+stream's own bad input (undecodable bytes, a second log, a request without a
+call, huge numbers) at the end.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import struct
 import uuid
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from dstl_client import ChangelogClient, ChangelogHandle, ChangelogWriter
+from dstl_client._status import to_dstl_error
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import (
     ChangeTooLarge,
@@ -26,13 +31,18 @@ from dstl_client.core.errors import (
     PermissionDenied,
     SqnOutOfRange,
     WriterClosed,
+    WriterFailed,
 )
 from dstl_client.core.handle import HandleEntry
+from dstl_server.session import MAX_WAITING_PERSISTS
 from tests.integration._helpers import (
     Sidecar,
     error_of,
+    error_of_answer,
     object_path,
+    on_stream,
     read_all,
+    refusal,
     sidecar_with_bystander,
 )
 
@@ -54,10 +64,11 @@ def bystander_survives(sidecar: Sidecar) -> Iterator[None]:
 
 
 @pytest.fixture
-def writer(sidecar: Sidecar) -> Iterator[ChangelogWriter]:
-    w = sidecar.client.create_writer(job_id=JOB, operator_id="op", key_group_range=(10, 19))
-    yield w
-    w.close()
+def writer(sidecar: Sidecar, transport: str) -> Iterator[ChangelogWriter]:
+    with ChangelogClient(sidecar.proc.address, timeout_s=20, transport=transport) as client:
+        w = client.create_writer(job_id=JOB, operator_id="op", key_group_range=(10, 19))
+        yield w
+        w.close()
 
 
 def packed(*changes: bytes) -> tuple[int, bytes, bytes]:
@@ -72,12 +83,11 @@ def assert_writer_still_works(client: ChangelogClient, w: ChangelogWriter) -> No
 
 
 # --------------------------------------------------------------- unknown logs
-def test_unknown_log_id(sidecar: Sidecar) -> None:
+def test_unknown_log_id(sidecar: Sidecar, transport: str) -> None:
     unknown = uuid.uuid4().hex
-    s = sidecar.stub
-    for call, req in (
+    for method, req in (
         (
-            s.Append,
+            "Append",
             pb.AppendRequest(
                 log_id=unknown,
                 changes=[
@@ -87,12 +97,15 @@ def test_unknown_log_id(sidecar: Sidecar) -> None:
                 ],
             ),
         ),
-        (s.LastAppendedSqn, pb.LastAppendedSqnRequest(log_id=unknown)),
-        (s.PersistDurably, pb.PersistRequest(log_id=unknown, after=0)),
-        (s.Truncate, pb.TruncateRequest(log_id=unknown, before=0)),
-        (s.CloseWriter, pb.CloseWriterRequest(log_id=unknown)),
+        ("LastAppendedSqn", pb.LastAppendedSqnRequest(log_id=unknown)),
+        ("PersistDurably", pb.PersistRequest(log_id=unknown, after=0)),
+        ("Truncate", pb.TruncateRequest(log_id=unknown, before=0)),
+        ("CloseWriter", pb.CloseWriterRequest(log_id=unknown)),
     ):
-        err = error_of(call, req)
+        if method == "CloseWriter":  # unary only
+            err = error_of(sidecar.stub.CloseWriter, req)
+        else:
+            err = refusal(sidecar.stub, transport, method, req)
         assert isinstance(err, LogNotFound), err
         assert unknown in err.message
 
@@ -132,9 +145,8 @@ def test_key_group_outside_range_server_side(sidecar: Sidecar, writer: Changelog
     ok = pb.KeyGroupChanges(key_group=11, count=count, sizes=sizes, payload=payload)
     for kg in (9, 20):
         bad = pb.KeyGroupChanges(key_group=kg, count=count, sizes=sizes, payload=payload)
-        err = error_of(
-            sidecar.stub.Append, pb.AppendRequest(log_id=writer.log_id, changes=[ok, bad])
-        )
+        req = pb.AppendRequest(log_id=writer.log_id, changes=[ok, bad])
+        err = refusal(sidecar.stub, writer.client.transport, "Append", req)
         assert isinstance(err, KeyGroupOutOfRange), err
         assert str(kg) in err.message
     # The whole batch was refused: the valid part of it was not appended either.
@@ -161,7 +173,7 @@ def test_change_over_max_change_bytes(sidecar: Sidecar, writer: ChangelogWriter)
         log_id=writer.log_id,
         changes=[pb.KeyGroupChanges(key_group=12, count=count, sizes=sizes, payload=payload)],
     )
-    err = error_of(sidecar.stub.Append, req)
+    err = refusal(sidecar.stub, writer.client.transport, "Append", req)
     assert isinstance(err, ChangeTooLarge), err
     assert str(MAX_CHANGE + 1) in err.message and str(MAX_CHANGE) in err.message
     h = writer.persist_durably(after=0).result(timeout=30)
@@ -185,14 +197,15 @@ def test_malformed_packed_changes(
         log_id=writer.log_id,
         changes=[pb.KeyGroupChanges(key_group=10, count=count, sizes=sizes, payload=payload)],
     )
-    err = error_of(sidecar.stub.Append, req)
+    err = refusal(sidecar.stub, writer.client.transport, "Append", req)
     assert type(err) is InvalidArgument, err
     assert reason in err.message
     assert_writer_still_works(sidecar.client, writer)
 
 
 def test_empty_append_batch(sidecar: Sidecar, writer: ChangelogWriter) -> None:
-    err = error_of(sidecar.stub.Append, pb.AppendRequest(log_id=writer.log_id))
+    req = pb.AppendRequest(log_id=writer.log_id)
+    err = refusal(sidecar.stub, writer.client.transport, "Append", req)
     assert isinstance(err, InvalidArgument) and "empty" in err.message
 
 
@@ -319,3 +332,135 @@ def test_bad_job_id(sidecar: Sidecar, job_id: str) -> None:
     h = ChangelogHandle(job_id, uuid.uuid4().hex, (0, 1), 0, 1, (HandleEntry("k", 0, 1, 0, 1),))
     with pytest.raises(InvalidArgument, match="bad job id"):
         read_all(sidecar.client, h)
+
+
+# ------------------------------------------------------------ the Session stream
+def _append(log_id: str, kg: int, *changes: bytes) -> pb.AppendRequest:
+    count, sizes, payload = packed(*changes)
+    part = pb.KeyGroupChanges(key_group=kg, count=count, sizes=sizes, payload=payload)
+    return pb.AppendRequest(log_id=log_id, changes=[part])
+
+
+def test_stream_undecodable_bytes_end_the_stream(sidecar: Sidecar, writer: ChangelogWriter) -> None:
+    session = sidecar.channel.stream_stream(
+        "/dstl.v1.Changelog/Session",
+        request_serializer=lambda raw: raw,
+        response_deserializer=pb.SessionResponse.FromString,
+    )
+    ok = pb.SessionRequest(id=1, append=_append(writer.log_id, 10, b"kept"))
+    with pytest.raises(grpc.RpcError) as info:
+        list(session(iter([ok.SerializeToString(), b"\xff\xff\xff not a request"]), timeout=20))
+    err = to_dstl_error(info.value)
+    assert type(err) is InvalidArgument and "do not decode" in err.message, err
+    # The request before it was applied; the writer goes on.
+    h = writer.persist_durably(after=0).result(timeout=30)
+    assert [d for _, _, d in read_all(sidecar.client, h)] == [b"kept"]
+
+
+def test_stream_is_bound_to_its_first_log(sidecar: Sidecar) -> None:
+    """One stream, one writer: a request naming another log is refused, and applies nothing."""
+    mine = sidecar.client.create_writer(job_id=JOB, operator_id="a", key_group_range=(0, 3))
+    other = sidecar.client.create_writer(job_id=JOB, operator_id="b", key_group_range=(0, 3))
+    answers, ended = on_stream(
+        sidecar.stub,
+        [
+            pb.SessionRequest(id=1, append=_append(mine.log_id, 1, b"mine")),
+            pb.SessionRequest(id=2, truncate=pb.TruncateRequest(log_id=other.log_id, before=0)),
+            pb.SessionRequest(id=3, last_appended_sqn=pb.LastAppendedSqnRequest()),  # no log id
+            pb.SessionRequest(id=4, persist=pb.PersistRequest(after=0)),
+        ],
+    )
+    assert ended is None
+    by_id = {a.id: a for a in answers}
+    assert sorted(by_id) == [1, 2, 3, 4]
+    err = error_of_answer(by_id[2])
+    assert type(err) is InvalidArgument and "bound to writer" in err.message, err
+    assert not by_id[1].HasField("error") and not by_id[3].HasField("error")
+    assert by_id[3].sqn == 1  # the append closed into changeset 0
+    assert [d for _, _, d in read_all(sidecar.client, _handle(by_id[4]))] == [b"mine"]
+    assert other.persist_durably(after=0).result(timeout=30).entries == ()
+    mine.close()
+    other.close()
+
+
+def _handle(answer: pb.SessionResponse) -> ChangelogHandle:
+    assert not answer.HasField("error"), answer
+    return ChangelogHandle.from_proto(answer.handle)
+
+
+def test_stream_refused_changes_fail_the_rest_of_the_stream(
+    sidecar: Sidecar, writer: ChangelogWriter
+) -> None:
+    """A refused request that carried changes: every later request of that stream is
+    refused (WriterFailed), so no handle of it misses them; requests without a
+    call count as such (they may come from a newer client)."""
+    log_id = writer.log_id
+    for bad in (
+        pb.SessionRequest(id=2, append=_append(log_id, 99, b"outside the range")),
+        pb.SessionRequest(id=2, persist=pb.PersistRequest(changes=[pb.KeyGroupChanges()])),
+        pb.SessionRequest(id=2),  # no call at all
+    ):
+        answers, ended = on_stream(
+            sidecar.stub,
+            [
+                pb.SessionRequest(id=1, last_appended_sqn=pb.LastAppendedSqnRequest(log_id=log_id)),
+                bad,
+                pb.SessionRequest(id=3, append=_append(log_id, 10, b"after the hole")),
+                pb.SessionRequest(id=4, persist=pb.PersistRequest(after=0)),
+            ],
+        )
+        assert ended is None and [a.id for a in answers] == [1, 2, 3, 4]
+        assert isinstance(error_of_answer(answers[1]), InvalidArgument)
+        for later in answers[2:]:
+            assert isinstance(error_of_answer(later), WriterFailed), later
+    # the writer's own stream (or calls) never saw any of it
+    assert_writer_still_works(writer.client, writer)
+    h = writer.persist_durably(after=0).result(timeout=30)
+    assert [d for _, _, d in read_all(sidecar.client, h)] == [b"still fine"]
+
+
+def test_stream_huge_numbers_cost_nothing(sidecar: Sidecar, writer: ChangelogWriter) -> None:
+    """Ids are echoed, never used to size anything; SQNs and counts far out of range are
+    typed refusals that leave the writer as it was."""
+    top = (1 << 64) - 1
+    log_id = writer.log_id
+    answers, ended = on_stream(
+        sidecar.stub,
+        [
+            pb.SessionRequest(id=top, last_appended_sqn=pb.LastAppendedSqnRequest(log_id=log_id)),
+            pb.SessionRequest(id=1, persist=pb.PersistRequest(log_id=log_id, after=top)),
+            pb.SessionRequest(id=2, truncate=pb.TruncateRequest(log_id=log_id, before=top)),
+        ],
+    )
+    assert ended is None and [a.id for a in answers] == [top, 1, 2]
+    assert not answers[0].HasField("error")
+    assert isinstance(error_of_answer(answers[1]), SqnOutOfRange)
+    assert isinstance(error_of_answer(answers[2]), SqnOutOfRange)
+    part = pb.KeyGroupChanges(
+        key_group=10, count=0xFFFFFFFF, sizes=b"\x01\x00\x00\x00", payload=b"x"
+    )
+    answers, ended = on_stream(
+        sidecar.stub,
+        [pb.SessionRequest(id=5, append=pb.AppendRequest(log_id=log_id, changes=[part]))],
+    )
+    assert ended is None and isinstance(error_of_answer(answers[0]), InvalidArgument)
+    assert_writer_still_works(writer.client, writer)
+
+
+def test_stream_waiting_persists_are_bounded_and_all_answered(
+    sidecar: Sidecar, writer: ChangelogWriter
+) -> None:
+    """More persists than may wait at once: the sidecar stops reading until one is
+    answered (flow control), and every one is answered, none refused."""
+    n = 3 * MAX_WAITING_PERSISTS
+    log_id = writer.log_id
+    requests = [pb.SessionRequest(id=1, append=_append(log_id, 10, b"once"))]
+    requests += [
+        pb.SessionRequest(id=2 + i, persist=pb.PersistRequest(log_id=log_id, after=0))
+        for i in range(n)
+    ]
+    answers, ended = on_stream(sidecar.stub, requests, timeout=60)
+    assert ended is None
+    assert sorted(a.id for a in answers) == list(range(1, n + 2))
+    for a in answers[1:]:
+        assert [d for _, _, d in read_all(sidecar.client, _handle(a))] == [b"once"]

@@ -9,12 +9,12 @@ from dstl_server.testing import ServerProcess
 
 
 def test_appends_made_while_a_persist_is_in_flight_stay_out_of_its_handle(
-    tmp_path: Path,
+    tmp_path: Path, transport: str
 ) -> None:
     # A long persist delay keeps the persist in flight while we append more.
     with (
         ServerProcess(tmp_path, extra_args=["--persist-delay-ms", "300"]) as proc,
-        ChangelogClient(proc.address) as client,
+        ChangelogClient(proc.address, transport=transport) as client,
     ):
         w = client.create_writer(job_id="order", operator_id="op", key_group_range=(0, 3))
         for i in range(100):

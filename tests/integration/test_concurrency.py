@@ -24,11 +24,11 @@ def _change(writer: int, round_: int, i: int) -> bytes:
     return f"w{writer:02d}-r{round_}-c{i:03d}|".encode() * (1 + i % 5)
 
 
-def test_many_writer_threads_one_client(tmp_path: Path) -> None:
+def test_many_writer_threads_one_client(tmp_path: Path, transport: str) -> None:
     root = tmp_path / "srv"
     with (
         ServerProcess(root, extra_args=["--persist-delay-ms", "50"]) as proc,
-        ChangelogClient(proc.address, batch_bytes=2048) as client,
+        ChangelogClient(proc.address, batch_bytes=2048, transport=transport) as client,
     ):
         start = threading.Barrier(WRITERS)
 
@@ -96,12 +96,12 @@ def test_many_writer_threads_one_client(tmp_path: Path) -> None:
         )
 
 
-def test_threads_sharing_one_writer(tmp_path: Path) -> None:
+def test_threads_sharing_one_writer(tmp_path: Path, transport: str) -> None:
     """A writer is thread-safe: each thread's changes arrive whole and in its order."""
     threads, per_thread = 8, 300
     with (
         ServerProcess(tmp_path / "srv") as proc,
-        ChangelogClient(proc.address, batch_bytes=1024) as client,
+        ChangelogClient(proc.address, batch_bytes=1024, transport=transport) as client,
     ):
         w = client.create_writer(job_id=JOB, operator_id="shared", key_group_range=(0, threads - 1))
         sqn_points: list[int] = []

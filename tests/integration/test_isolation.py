@@ -18,10 +18,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dstl_client import ChangelogClient, ChangelogHandle, ChangelogWriter
+from dstl_client._status import to_dstl_error
+from dstl_client.core._pb import dstl_pb2 as pb
+from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
 from dstl_client.core.errors import PermissionDenied, Unauthenticated
 from dstl_server.cli import main
 from dstl_server.testing import ServerProcess
-from tests.integration._helpers import object_files, object_path, read_all
+from tests.integration._helpers import error_of_answer, object_files, object_path, read_all
 
 SECRET = "k7Qv2-node-secret-9fLx3mZp8RtYw4Hs6Jd1"
 
@@ -48,6 +51,7 @@ class Node:
     admin: ChangelogClient
     b_writer: ChangelogWriter
     b_handle: ChangelogHandle
+    tokens: dict[str, str]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +69,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
             w = b.create_writer(job_id="jobB", operator_id="op", key_group_range=(0, 3))
             w.append(1, b"B's data")
             h = w.persist_durably(after=0).result(timeout=30)
-            yield Node(proc, root, a, b, admin, w, h)
+            yield Node(proc, root, a, b, admin, w, h, tokens)
         finally:
             for c in (a, b, admin):
                 c.close()
@@ -104,9 +108,12 @@ def test_a_job_cannot_create_writers_for_another_job(node: Node) -> None:
 
 
 @pytest.mark.parametrize("op", ["append", "persist", "truncate", "last_sqn", "close"])
-def test_a_job_cannot_drive_another_jobs_writer(node: Node, op: str) -> None:
-    w = intruder(node.a, node.b_writer)
-    with pytest.raises(PermissionDenied):
+def test_a_job_cannot_drive_another_jobs_writer(node: Node, op: str, transport: str) -> None:
+    a = ChangelogClient(
+        node.proc.address, token=node.tokens["jobA"], timeout_s=20, transport=transport
+    )
+    w = intruder(a, node.b_writer)
+    with a, pytest.raises(PermissionDenied):
         if op == "append":
             w.append(1, b"injected")
             w.flush()
@@ -124,6 +131,51 @@ def test_a_job_cannot_drive_another_jobs_writer(node: Node, op: str) -> None:
     node.b_writer.append(2, b"more of B")
     h = node.b_writer.persist_durably(after=start).result(timeout=30)
     assert [d for _, _, d in read_all(node.b, h)] == [b"more of B"]
+
+
+@pytest.mark.parametrize("who", ["jobA", "admin"])
+def test_a_stream_cannot_reach_another_jobs_log(node: Node, who: str) -> None:
+    """A Session stream is authorised like unary calls: it binds only to a log of the
+    caller's own job (the admin token drives no writer either); each refused request
+    is answered and binds nothing (a stream bound to one log names no other:
+    test_bad_input)."""
+    b_log = node.b_writer.log_id
+    metadata = (("authorization", f"Bearer {node.tokens[who]}"),)
+    channel = grpc.insecure_channel(node.proc.address)
+    stub = pb_grpc.ChangelogStub(channel)  # type: ignore[no-untyped-call]
+    part = pb.KeyGroupChanges(key_group=1, count=1, sizes=b"\x08\x00\x00\x00", payload=b"injected")
+    requests = [
+        pb.SessionRequest(id=1, append=pb.AppendRequest(log_id=b_log, changes=[part])),
+        pb.SessionRequest(id=2, persist=pb.PersistRequest(log_id=b_log, after=0)),
+        pb.SessionRequest(id=3, truncate=pb.TruncateRequest(log_id=b_log, before=1)),
+    ]
+    try:
+        answers = list(stub.Session(iter(requests), metadata=metadata, timeout=20))
+    finally:
+        channel.close()
+    assert [a.id for a in answers] == [1, 2, 3]
+    for answer in answers:
+        assert isinstance(error_of_answer(answer), PermissionDenied), answer
+    # B's writer goes on with exactly its own changes
+    start = node.b_writer.last_appended_sqn()
+    node.b_writer.append(2, b"more of B")
+    h = node.b_writer.persist_durably(after=start).result(timeout=30)
+    assert [d for _, _, d in read_all(node.b, h)] == [b"more of B"]
+
+
+def test_a_stream_without_a_valid_token_is_unauthenticated(node: Node) -> None:
+    channel = grpc.insecure_channel(node.proc.address)
+    stub = pb_grpc.ChangelogStub(channel)  # type: ignore[no-untyped-call]
+    req = pb.SessionRequest(
+        id=1, last_appended_sqn=pb.LastAppendedSqnRequest(log_id=node.b_writer.log_id)
+    )
+    try:
+        for metadata in ((), (("authorization", "Bearer dstl1.job.jobB.AAAA"),)):
+            with pytest.raises(grpc.RpcError) as info:
+                list(stub.Session(iter([req]), metadata=metadata, timeout=20))
+            assert isinstance(to_dstl_error(info.value), Unauthenticated)
+    finally:
+        channel.close()
 
 
 @pytest.mark.parametrize(
@@ -219,12 +271,11 @@ def test_unsafe_auth_configuration_exits_2(
 def test_the_secret_is_never_a_flag_and_never_printed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["--auth-secret", SECRET, "--print-config"])
-    assert info.value.code == 2
-    with pytest.raises(SystemExit):
-        main(["--auth-token", SECRET, "--print-config"])
-    capsys.readouterr()
+    assert main(["--auth-secret", SECRET, "--print-config"]) == 2
+    assert main(["--auth-token", SECRET, "--print-config"]) == 2
+    assert main([f"--auth-secret={SECRET}"]) == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --auth-secret" in err and SECRET not in err
     monkeypatch.setenv("DSTL_AUTH_SECRET", SECRET)
     assert main(["--storage", f"file://{tmp_path}/o", "--print-config"]) == 0
     out = capsys.readouterr().out

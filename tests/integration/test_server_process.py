@@ -21,10 +21,10 @@ from tests.integration._helpers import object_files, object_path, read_all
 JOB = "job-lifecycle"
 
 
-def test_flip158_state_change_lifecycle(tmp_path: Path) -> None:
+def test_flip158_state_change_lifecycle(tmp_path: Path, transport: str) -> None:
     """Seed 000, "State change lifecycle": CP1, materialization at T2, CP2, truncate, CP3."""
     root = tmp_path / "srv"
-    with ServerProcess(root) as proc, ChangelogClient(proc.address) as client:
+    with ServerProcess(root) as proc, ChangelogClient(proc.address, transport=transport) as client:
         w = client.create_writer(job_id=JOB, operator_id="list-state", key_group_range=(0, 127))
         # On startup the state is empty: StateChangelog.sqn = T0 = lastMaterializedSqn.
         t0 = w.last_appended_sqn()

@@ -5,18 +5,23 @@
   never read as objects.
 * Health follows the store: a sidecar whose store does not answer reports
   its Changelog service (``dstl.v1.Changelog``, what readiness probes ask)
-  NOT_SERVING (``READY`` is still printed: the process is up, the store is
-  not), turns it SERVING when the store answers and NOT_SERVING again while
-  the store fails. The overall health (``""``, what startup and liveness
-  probes ask) stays SERVING: restarting the sidecar would not bring the
-  store back, and it would drop the changes it holds.
+  NOT_SERVING (``READY ... store=down`` is printed: the process is up, the
+  store is not), turns it SERVING when the store answers and NOT_SERVING
+  again while the store fails. The overall health (``""``, what startup and
+  liveness probes ask) stays SERVING: restarting the sidecar would not bring
+  the store back, and it would drop the changes it holds.
+* A store that refuses the sidecar at start (no such bucket, credentials it
+  does not accept) is a configuration error: exit 2, one line on stderr.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -164,14 +169,59 @@ def test_restart_removes_temp_files_of_killed_writes(tmp_path: Path) -> None:
 
 # ------------------------------------------------------- health follows the store
 def _s3_sidecar(
-    root: Path, storage: str, endpoint: str, env: dict[str, str], region: str = "us-east-1"
+    root: Path,
+    storage: str,
+    endpoint: str,
+    env: dict[str, str],
+    region: str = "us-east-1",
+    *extra_args: str,
 ) -> ServerProcess:
     return ServerProcess(
         root,
         storage=storage,
-        extra_args=["--s3-endpoint-url", endpoint, "--s3-region", region],
+        extra_args=["--s3-endpoint-url", endpoint, "--s3-region", region, *extra_args],
         env=env,
     )
+
+
+def _start_refused(storage: str, weed_s3: SeaweedS3, env: dict[str, str]) -> str:
+    """Start dstl-server against ``weed_s3``; it must exit 2 by itself: its one stderr line."""
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dstl_server",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-port",
+            "-1",
+            "--storage",
+            storage,
+            *weed_s3.server_args(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert res.stdout == ""  # never READY
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"dstl-server: configuration error: setting storage={storage!r}: ")
+    return line
+
+
+@pytest.mark.s3
+def test_missing_bucket_exits_2_at_start(weed_s3: SeaweedS3) -> None:
+    line = _start_refused("s3://no-such-bucket-here/prefix", weed_s3, weed_s3.env())
+    assert "NoSuchBucket" in line
+
+
+@pytest.mark.s3
+def test_refused_credentials_exit_2_at_start(weed_s3: SeaweedS3, s3_prefix: str) -> None:
+    env = {**weed_s3.env(), "AWS_SECRET_ACCESS_KEY": "not-the-secret-key"}
+    line = _start_refused(weed_s3.storage_url(s3_prefix), weed_s3, env)
+    assert "SignatureDoesNotMatch" in line or "AccessDenied" in line or "InvalidAccess" in line
 
 
 def test_unreachable_s3_at_start_is_not_serving(tmp_path: Path) -> None:
@@ -188,6 +238,7 @@ def test_unreachable_s3_at_start_is_not_serving(tmp_path: Path) -> None:
         ) as proc,
         health_stub(proc.address) as stub,
     ):
+        assert not proc.store_up  # READY ... store=down
         assert status(stub) == NOT_SERVING
         assert status(stub, "") == SERVING
         m = proc.scrape_metrics()
@@ -197,11 +248,10 @@ def test_unreachable_s3_at_start_is_not_serving(tmp_path: Path) -> None:
 
 
 @pytest.mark.s3
-@pytest.mark.slow
 def test_health_follows_the_s3_store(tmp_path: Path, weed_s3: SeaweedS3, s3_prefix: str) -> None:
     """Down at start, SERVING once the endpoint answers, NOT_SERVING while it fails.
 
-    Each change shows within one probe interval (5 s), so this takes some seconds.
+    Each change shows within one probe interval (``--store-probe-interval-s``, 0.5 s here).
     """
     port = _free_port()
     with (
@@ -211,9 +261,12 @@ def test_health_follows_the_s3_store(tmp_path: Path, weed_s3: SeaweedS3, s3_pref
             f"http://127.0.0.1:{port}",
             weed_s3.env(),
             weed_s3.region,
+            "--store-probe-interval-s",
+            "0.5",
         ) as proc,
         health_stub(proc.address) as stub,
     ):
+        assert not proc.store_up
         assert status(stub) == NOT_SERVING
         # the store appears at the configured endpoint
         with FaultProxyProcess(weed_s3.endpoint_url, listen=f"127.0.0.1:{port}") as proxy:

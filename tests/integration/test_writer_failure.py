@@ -11,7 +11,8 @@ memory budget so that a hanging store turns into backpressure quickly:
   not fail the writer (the sidecar keeps the changes and the next persist
   uploads them), but a persist whose carried changes were refused does.
 
-Every handle any writer returns holds every change whose ``append`` returned.
+Every handle any writer returns holds every change whose ``append`` returned,
+over either client transport (unary calls, the Session stream).
 """
 
 from __future__ import annotations
@@ -136,11 +137,11 @@ def check_new_writer_works(client: ChangelogClient, proc: ServerProcess, job_id:
 
 # --------------------------------------------------------------------------
 def test_an_append_refused_under_backpressure_fails_the_writer(
-    tmp_path: Path, weed_s3: SeaweedS3, proxy: FaultProxyProcess, s3_prefix: str
+    tmp_path: Path, weed_s3: SeaweedS3, proxy: FaultProxyProcess, s3_prefix: str, transport: str
 ) -> None:
     with (
         sidecar(tmp_path, weed_s3, proxy, s3_prefix) as proc,
-        ChangelogClient(proc.address, batch_bytes=256 * KiB) as client,
+        ChangelogClient(proc.address, batch_bytes=256 * KiB, transport=transport) as client,
     ):
         t = Tracked(client, "overload")
         t.append(0, b"before the outage")
@@ -169,11 +170,11 @@ def test_an_append_refused_under_backpressure_fails_the_writer(
 
 
 def test_a_refused_persist_that_carried_changes_fails_the_writer(
-    tmp_path: Path, weed_s3: SeaweedS3, proxy: FaultProxyProcess, s3_prefix: str
+    tmp_path: Path, weed_s3: SeaweedS3, proxy: FaultProxyProcess, s3_prefix: str, transport: str
 ) -> None:
     with (
         sidecar(tmp_path, weed_s3, proxy, s3_prefix) as proc,
-        ChangelogClient(proc.address) as client,
+        ChangelogClient(proc.address, transport=transport) as client,
     ):
         t = Tracked(client, "outage")
         t.append(0, b"checkpoint 1")

@@ -88,6 +88,9 @@ def test_checkpoint_figures(quick_run: tuple[subprocess.CompletedProcess[str], P
         assert c["objects"] == c["flushes"] and c["objects_per_flush"] == 1.0
         assert 1 <= c["logs_per_object_mean"] <= c["writers"]
         assert c["objects_per_round"]["mean"] >= 1
+        assert c["server_cpu_us_per_persist"] > 0
+    # the client's default transport: writers send their calls on Session streams
+    assert cfg["transport"] == "stream" and report["rpc"]["transport"] == "stream"
 
 
 def test_targets_and_table(quick_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:

@@ -707,3 +707,106 @@ class ForwardResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ForwardResponse: _TypeAlias = ForwardResponse  # noqa: Y015
+
+@_typing.final
+class SessionRequest(_message.Message):
+    """One call of a writer on its Session stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    APPEND_FIELD_NUMBER: _builtins.int
+    LAST_APPENDED_SQN_FIELD_NUMBER: _builtins.int
+    PERSIST_FIELD_NUMBER: _builtins.int
+    TRUNCATE_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Chosen by the client (1, 2, 3...); the response carries it back."""
+    @_builtins.property
+    def append(self) -> Global___AppendRequest: ...
+    @_builtins.property
+    def last_appended_sqn(self) -> Global___LastAppendedSqnRequest: ...
+    @_builtins.property
+    def persist(self) -> Global___PersistRequest: ...
+    @_builtins.property
+    def truncate(self) -> Global___TruncateRequest: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        append: Global___AppendRequest | None = ...,
+        last_appended_sqn: Global___LastAppendedSqnRequest | None = ...,
+        persist: Global___PersistRequest | None = ...,
+        truncate: Global___TruncateRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "call", b"call", "last_appended_sqn", b"last_appended_sqn", "persist", b"persist", "truncate", b"truncate"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "call", b"call", "id", b"id", "last_appended_sqn", b"last_appended_sqn", "persist", b"persist", "truncate", b"truncate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["append", "last_appended_sqn", "persist", "truncate"]  # noqa: Y015
+    _WhichOneofArgType_call: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_call) -> _WhichOneofReturnType_call | None: ...
+
+Global___SessionRequest: _TypeAlias = SessionRequest  # noqa: Y015
+
+@_typing.final
+class SessionError(_message.Message):
+    """A refused request: the error the unary call would have ended with."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """dstl_client.core.errors kind (the dstl-error-kind trailer of a unary call)."""
+    code: _builtins.str
+    """The gRPC status code name the unary call would have had."""
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        code: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "kind", b"kind", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionError: _TypeAlias = SessionError  # noqa: Y015
+
+@_typing.final
+class SessionResponse(_message.Message):
+    """The answer to one SessionRequest: `error` if it was refused, else `sqn`
+    (append, last_appended_sqn), `handle` (persist) or nothing (truncate).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    SQN_FIELD_NUMBER: _builtins.int
+    HANDLE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    sqn: _builtins.int
+    @_builtins.property
+    def handle(self) -> Global___Handle: ...
+    @_builtins.property
+    def error(self) -> Global___SessionError: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        sqn: _builtins.int = ...,
+        handle: Global___Handle | None = ...,
+        error: Global___SessionError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "handle", b"handle"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "handle", b"handle", "id", b"id", "sqn", b"sqn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionResponse: _TypeAlias = SessionResponse  # noqa: Y015

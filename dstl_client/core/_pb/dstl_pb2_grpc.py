@@ -85,6 +85,11 @@ class ChangelogStub:
                 request_serializer=dstl_dot_v1_dot_dstl__pb2.ForwardRequest.SerializeToString,
                 response_deserializer=dstl_dot_v1_dot_dstl__pb2.ForwardResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/dstl.v1.Changelog/Session',
+                request_serializer=dstl_dot_v1_dot_dstl__pb2.SessionRequest.SerializeToString,
+                response_deserializer=dstl_dot_v1_dot_dstl__pb2.SessionResponse.FromString,
+                _registered_method=True)
 
 
 class ChangelogServicer:
@@ -164,6 +169,24 @@ class ChangelogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """One writer's Append, LastAppendedSqn, PersistDurably and Truncate calls on
+        one long-lived stream (the client's default transport for them). The
+        sidecar applies a stream's requests in the order they arrive (no session
+        or seq: those fields are ignored here) and answers each one, by its id: a
+        persist once its handle is ready, so later requests go on meanwhile.
+        Every request names the same log (the first one binds the stream to it,
+        checked against the caller's job like a unary call). A refused request is
+        answered with its error and the stream goes on; once a request that
+        carried changes is refused, every later request of the stream is refused
+        (writer_failed). Bytes that do not decode end the stream
+        (INVALID_ARGUMENT). At most 16 persists of a stream wait for their
+        handles; the sidecar reads no further request until one is answered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChangelogServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -216,6 +239,11 @@ def add_ChangelogServicer_to_server(servicer, server):
                     servicer.Forward,
                     request_deserializer=dstl_dot_v1_dot_dstl__pb2.ForwardRequest.FromString,
                     response_serializer=dstl_dot_v1_dot_dstl__pb2.ForwardResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=dstl_dot_v1_dot_dstl__pb2.SessionRequest.FromString,
+                    response_serializer=dstl_dot_v1_dot_dstl__pb2.SessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -489,6 +517,33 @@ class Changelog:
             '/dstl.v1.Changelog/Forward',
             dstl_dot_v1_dot_dstl__pb2.ForwardRequest.SerializeToString,
             dstl_dot_v1_dot_dstl__pb2.ForwardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dstl.v1.Changelog/Session',
+            dstl_dot_v1_dot_dstl__pb2.SessionRequest.SerializeToString,
+            dstl_dot_v1_dot_dstl__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

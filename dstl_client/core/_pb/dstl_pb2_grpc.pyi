@@ -65,6 +65,20 @@ class ChangelogStub:
     uploaded (or forwarded further up), with where each section landed.
     With auth on, only the node token may call it (job and admin: PERMISSION_DENIED).
     """
+    Session: _grpc.StreamStreamMultiCallable[_dstl_pb2.SessionRequest, _dstl_pb2.SessionResponse]
+    """One writer's Append, LastAppendedSqn, PersistDurably and Truncate calls on
+    one long-lived stream (the client's default transport for them). The
+    sidecar applies a stream's requests in the order they arrive (no session
+    or seq: those fields are ignored here) and answers each one, by its id: a
+    persist once its handle is ready, so later requests go on meanwhile.
+    Every request names the same log (the first one binds the stream to it,
+    checked against the caller's job like a unary call). A refused request is
+    answered with its error and the stream goes on; once a request that
+    carried changes is refused, every later request of the stream is refused
+    (writer_failed). Bytes that do not decode end the stream
+    (INVALID_ARGUMENT). At most 16 persists of a stream wait for their
+    handles; the sidecar reads no further request until one is answered.
+    """
 
 @_typing.type_check_only
 class ChangelogAsyncStub(ChangelogStub):
@@ -94,6 +108,20 @@ class ChangelogAsyncStub(ChangelogStub):
     join the parent's next object of that job; answered once that object is
     uploaded (or forwarded further up), with where each section landed.
     With auth on, only the node token may call it (job and admin: PERMISSION_DENIED).
+    """
+    Session: _aio.StreamStreamMultiCallable[_dstl_pb2.SessionRequest, _dstl_pb2.SessionResponse]  # type: ignore[assignment]
+    """One writer's Append, LastAppendedSqn, PersistDurably and Truncate calls on
+    one long-lived stream (the client's default transport for them). The
+    sidecar applies a stream's requests in the order they arrive (no session
+    or seq: those fields are ignored here) and answers each one, by its id: a
+    persist once its handle is ready, so later requests go on meanwhile.
+    Every request names the same log (the first one binds the stream to it,
+    checked against the caller's job like a unary call). A refused request is
+    answered with its error and the stream goes on; once a request that
+    carried changes is refused, every later request of the stream is refused
+    (writer_failed). Bytes that do not decode end the stream
+    (INVALID_ARGUMENT). At most 16 persists of a stream wait for their
+    handles; the sidecar reads no further request until one is answered.
     """
 
 class ChangelogServicer(metaclass=_abc_1.ABCMeta):
@@ -181,6 +209,26 @@ class ChangelogServicer(metaclass=_abc_1.ABCMeta):
         join the parent's next object of that job; answered once that object is
         uploaded (or forwarded further up), with where each section landed.
         With auth on, only the node token may call it (job and admin: PERMISSION_DENIED).
+        """
+
+    @_abc_1.abstractmethod
+    def Session(
+        self,
+        request_iterator: _MaybeAsyncIterator[_dstl_pb2.SessionRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_dstl_pb2.SessionResponse], _abc.AsyncIterator[_dstl_pb2.SessionResponse]]:
+        """One writer's Append, LastAppendedSqn, PersistDurably and Truncate calls on
+        one long-lived stream (the client's default transport for them). The
+        sidecar applies a stream's requests in the order they arrive (no session
+        or seq: those fields are ignored here) and answers each one, by its id: a
+        persist once its handle is ready, so later requests go on meanwhile.
+        Every request names the same log (the first one binds the stream to it,
+        checked against the caller's job like a unary call). A refused request is
+        answered with its error and the stream goes on; once a request that
+        carried changes is refused, every later request of the stream is refused
+        (writer_failed). Bytes that do not decode end the stream
+        (INVALID_ARGUMENT). At most 16 persists of a stream wait for their
+        handles; the sidecar reads no further request until one is answered.
         """
 
 def add_ChangelogServicer_to_server(servicer: ChangelogServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -142,13 +142,17 @@ def test_metrics_and_skips(tmp_path: Path, sidecar: ServerProcess, client: Chang
             assert run.run_batch(b, BATCHES[b]) is not None
         assert run.run_batch(1, BATCHES[1]) is None  # already checkpointed
         m = scrape_metrics(port)
-        assert m['dstl_checkpoints_total{job="metrics"}'] == 3
-        assert m['dstl_skipped_batches_total{job="metrics"}'] == 1
-        assert m['dstl_last_checkpoint_batch{job="metrics"}'] == 2
-        assert m['dstl_materializations_total{job="metrics"}'] == 2
-        assert m['dstl_rows_total{job="metrics"}'] == 600
-        assert m['dstl_checkpoint_duration_seconds_count{job="metrics"}'] == 3
-        assert m['dstl_state_bytes{job="metrics"}'] > 0
+        assert m['dstl_driver_checkpoints_total{job_id="metrics"}'] == 3
+        assert m['dstl_driver_skipped_batches_total{job_id="metrics"}'] == 1
+        assert m['dstl_driver_last_checkpoint_batch{job_id="metrics"}'] == 2
+        assert m['dstl_driver_materializations_total{job_id="metrics"}'] == 2
+        assert m['dstl_driver_rows_total{job_id="metrics"}'] == 600
+        assert m['dstl_driver_checkpoint_duration_seconds_count{job_id="metrics"}'] == 3
+        assert m['dstl_driver_state_bytes{job_id="metrics"}'] > 0
+        timeout = coord.config.checkpoint_timeout_s
+        assert m['dstl_driver_checkpoint_timeout_seconds{job_id="metrics"}'] == timeout
+        assert m['dstl_driver_materialize_interval_seconds{job_id="metrics"}'] == 0
+        assert m['dstl_driver_last_materialization_timestamp_seconds{job_id="metrics"}'] > 0
     finally:
         coord.close()
 

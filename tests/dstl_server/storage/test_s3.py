@@ -35,7 +35,6 @@ from dstl_client.core.errors import (
     ConfigError,
     StorageError,
     TransientStorageError,
-    UploadFailed,
 )
 from dstl_server.settings import ServerSettings
 from dstl_server.storage import open_store
@@ -513,24 +512,22 @@ def test_server_process_persists_through_s3(
     assert not list((tmp_path / "srv").rglob("*.dstl"))
 
 
-def test_server_process_with_wrong_credentials_fails_persist(
+def test_server_process_with_wrong_credentials_refuses_to_start(
     weed_s3: SeaweedS3, tmp_path: Path, s3_prefix: str
 ) -> None:
+    """Credentials the store refuses are a configuration error found at start (exit 2),
+    not a sidecar that takes appends it can never upload."""
     env = {**weed_s3.env(), "AWS_SECRET_ACCESS_KEY": "wrong"}
-    with (
-        ServerProcess(
-            tmp_path / "srv",
-            storage=weed_s3.storage_url(s3_prefix),
-            extra_args=weed_s3.server_args(),
-            env=env,
-        ) as proc,
-        ChangelogClient(proc.address) as client,
-    ):
-        writer = client.create_writer(job_id="job-denied", operator_id="op", key_group_range=(0, 0))
-        writer.append(0, b"never stored")
-        with pytest.raises((StorageError, UploadFailed)) as info:
-            writer.persist_durably(after=0).result(timeout=60)
-        assert "SignatureDoesNotMatch" in str(info.value)
+    proc = ServerProcess(
+        tmp_path / "srv",
+        storage=weed_s3.storage_url(s3_prefix),
+        extra_args=weed_s3.server_args(),
+        env=env,
+    )
+    with pytest.raises(RuntimeError, match="did not start") as info:
+        proc.start()
+    assert "configuration error" in str(info.value) and "SignatureDoesNotMatch" in str(info.value)
+    assert proc.proc is not None and proc.proc.returncode == 2
 
 
 # ------------------------------------------------------- the SeaweedS3 helper

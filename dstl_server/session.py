@@ -1,0 +1,245 @@
+"""The ``Session`` stream: one writer's calls on one long-lived bidirectional stream.
+
+A unary call costs the sidecar a new HTTP/2 stream, its metadata and the
+authentication interceptor every time; on an open stream a request is one
+message. :class:`SessionStream` serves one stream:
+
+* **order** -- requests are read one at a time and each one's ordered part
+  (what :class:`~dstl_server.registry.LogRegistry` runs in a unary call's
+  turn) runs before the next request is read, so the stream's order is the
+  writer's call order: no ``session``/``seq`` (those fields are ignored);
+* **persist** -- its ordered part runs in turn, then a task per persist waits
+  for the uploads and answers; at most :data:`MAX_WAITING_PERSISTS` wait at
+  a time, beyond which no further request is read until one is answered (the
+  client's sends stall under HTTP/2 flow control: backpressure, no memory);
+* **authorisation** -- the caller's principal is read once from the stream's
+  metadata (the interceptor has already refused a missing or wrong token);
+  the first request's log id binds the stream, checked against the job that
+  owns the log like a unary call (:func:`~dstl_server.auth.check_job`, admin
+  refused); every later request must name the same log or none;
+* **errors** -- a request refused with a :class:`DstlError` is answered with
+  its kind, status code name and message (counted like a unary refusal) and
+  the stream goes on; once a request that carried changes is refused, every
+  later request is refused with :class:`WriterFailed` (as the unary session
+  is), so no later persist of the stream returns a handle that misses them.
+  Bytes that do not decode, and internal errors, end the stream with their
+  status (the client fails the requests it has in flight).
+
+Draining: each request counts as a call in flight while it runs (an idle
+stream does not hold a shutdown up); after ``stop_accepting`` requests are
+answered with :class:`ShuttingDown`. Event-loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import grpc
+
+from dstl_client.core._pb import dstl_pb2 as pb
+from dstl_client.core.errors import (
+    DstlError,
+    InvalidArgument,
+    PermissionDenied,
+    ShuttingDown,
+    WriterFailed,
+)
+from dstl_server.auth import check_job
+
+if TYPE_CHECKING:
+    from dstl_server.registry import PendingPersist
+    from dstl_server.service import ChangelogService
+
+log = logging.getLogger(__name__)
+
+#: persists of one stream waiting for their handles at most; the stream reads
+#: no further request while this many wait
+MAX_WAITING_PERSISTS = 16
+
+
+class SessionStream:
+    """One ``Session`` stream of one writer (see the module docs)."""
+
+    __slots__ = (
+        "_ctx",
+        "_lost",
+        "_persists",
+        "_principal",
+        "_registry",
+        "_service",
+        "_slots",
+        "_write_lock",
+        "log_id",
+    )
+
+    def __init__(self, service: ChangelogService, context: grpc.aio.ServicerContext) -> None:
+        self._service = service
+        self._registry = service.registry
+        self._ctx = context
+        self._principal = service._principal(context)
+        self.log_id = ""
+        #: set once a request that carried changes was refused
+        self._lost: DstlError | None = None
+        self._write_lock = asyncio.Lock()
+        self._persists: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(MAX_WAITING_PERSISTS)
+
+    async def run(self) -> None:
+        """Serve requests until the client half-closes; then answer the waiting persists."""
+        from dstl_server.service import _check_decoded
+
+        ctx = self._ctx
+        try:
+            while True:
+                req = await ctx.read()
+                if req is grpc.aio.EOF:
+                    break
+                _check_decoded(req)  # bytes that do not decode: the stream ends
+                await self._handle(req)
+            while self._persists:
+                await asyncio.wait(set(self._persists))
+        finally:
+            for task in self._persists:
+                task.cancel()
+            if self._persists:
+                await asyncio.wait(set(self._persists))
+
+    # ------------------------------------------------------------ requests
+    def _bind(self, log_id: str) -> str:
+        """The stream's log; the first request binds it, if the caller's job owns it."""
+        if self.log_id:
+            if log_id and log_id != self.log_id:
+                raise InvalidArgument(
+                    f"this stream is bound to writer {self.log_id}; a request named "
+                    f"{log_id[:64]!r} (open one stream per writer)"
+                )
+            return self.log_id
+        if not log_id:
+            raise InvalidArgument("the first request of a Session stream must name its log id")
+        wl = self._registry.get(log_id)
+        check_job(self._principal, wl.job_id, admin_ok=False)
+        self.log_id = log_id
+        return log_id
+
+    async def _handle(self, req: pb.SessionRequest) -> None:
+        rid = req.id
+        which = req.WhichOneof("call")
+        service = self._service
+        try:
+            service._enter()
+        except ShuttingDown as exc:
+            await self._refuse(rid, exc)
+            return
+        handed_over = False
+        carries = False
+        try:
+            if which == "append":
+                carries = True
+                call = req.append
+                log_id = self._bind(call.log_id)
+                self._check_lost()
+                sqn = await self._registry.append(log_id, call.changes)
+                await self._send(pb.SessionResponse(id=rid, sqn=sqn))
+            elif which == "persist":
+                persist = req.persist
+                carries = len(persist.changes) > 0
+                log_id = self._bind(persist.log_id)
+                self._check_lost()
+                await self._slots.acquire()
+                try:
+                    pending = await self._registry.begin_persist(
+                        log_id, persist.after, persist.changes
+                    )
+                except BaseException:
+                    self._slots.release()
+                    raise
+                task = asyncio.get_running_loop().create_task(
+                    self._answer_persist(rid, pending), name=f"dstl-session-persist-{rid}"
+                )
+                self._persists.add(task)
+                task.add_done_callback(self._persists.discard)
+                handed_over = True  # the task answers and leaves
+            elif which == "last_appended_sqn":
+                log_id = self._bind(req.last_appended_sqn.log_id)
+                self._check_lost()
+                sqn = await self._registry.last_appended_sqn(log_id)
+                await self._send(pb.SessionResponse(id=rid, sqn=sqn))
+            elif which == "truncate":
+                log_id = self._bind(req.truncate.log_id)
+                self._check_lost()
+                await self._registry.truncate(log_id, req.truncate.before)
+                await self._send(pb.SessionResponse(id=rid))
+            else:
+                # an empty call, or one this sidecar does not know: it may have
+                # carried changes, so later requests must not apply over it
+                carries = True
+                raise InvalidArgument(f"request {rid} of the Session stream names no known call")
+        except DstlError as exc:
+            if carries and self._lost is None and not isinstance(exc, WriterFailed):
+                self._lost = WriterFailed(
+                    f"request {rid} of writer {self.log_id or '?'}'s stream carried changes "
+                    f"and was refused ({exc.kind}: {exc.message}); later requests are refused "
+                    "so that no handle misses them: recreate the writer and recover from the "
+                    "last checkpoint"
+                )
+                self._service.metrics.sessions_failed.inc()
+            await self._refuse(rid, exc)
+        finally:
+            if not handed_over:
+                service._leave()
+
+    def _check_lost(self) -> None:
+        if self._lost is not None:
+            raise self._lost
+
+    async def _answer_persist(self, rid: int, pending: PendingPersist) -> None:
+        """Wait for the persist's uploads; answer with its handle or its error."""
+        try:
+            try:
+                handle = await self._registry.await_handle(pending)
+                proto = self._service.persist_response(handle, pending.after).handle
+                out = pb.SessionResponse(id=rid, handle=proto)
+            except DstlError as exc:
+                out = self._error_response(rid, exc)
+            except Exception as exc:  # a bug: the client sees an untyped error
+                log.exception("internal error answering a persist on a Session stream")
+                self._service.metrics.errors.labels("internal").inc()
+                out = pb.SessionResponse(
+                    id=rid,
+                    error=pb.SessionError(
+                        kind="internal", code="INTERNAL", message=f"internal error: {exc!r}"
+                    ),
+                )
+            try:
+                await self._send(out)
+            except Exception as exc:  # the stream ended meanwhile: nobody to answer
+                log.info(
+                    "persist not answered: %r",
+                    exc,
+                    extra={"log_id": self.log_id, "request_id": rid},
+                )
+        finally:
+            self._slots.release()
+            self._service._leave()
+
+    # ------------------------------------------------------------ answers
+    def _error_response(self, rid: int, exc: DstlError) -> pb.SessionResponse:
+        """The answer refusing request ``rid`` with ``exc`` (counted like a unary refusal)."""
+        from dstl_server.service import _bounded
+
+        metrics = self._service.metrics
+        metrics.errors.labels(exc.kind).inc()
+        if isinstance(exc, PermissionDenied):
+            metrics.auth_refusals.labels(exc.kind).inc()
+        error = pb.SessionError(kind=exc.kind, code=exc.grpc_code, message=_bounded(exc.message))
+        return pb.SessionResponse(id=rid, error=error)
+
+    async def _refuse(self, rid: int, exc: DstlError) -> None:
+        await self._send(self._error_response(rid, exc))
+
+    async def _send(self, response: pb.SessionResponse) -> None:
+        # one message in flight per call (gRPC core); persists answer from tasks
+        async with self._write_lock:
+            await self._ctx.write(response)

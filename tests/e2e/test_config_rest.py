@@ -1,0 +1,141 @@
+"""Changing the checkpoint interval of a running job with plain HTTP calls: the trigger
+switches between two batches in the same driver, and the results stay exactly-once."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dstl_client.spark import process_keyed
+from dstl_server.testing import ServerProcess
+from tests.e2e._spark_job import (
+    MAX_P,
+    OUTPUT_SCHEMA,
+    agg,
+    expected,
+    output_sink,
+    read_outputs,
+    write_input,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+ROWS, KEYS = 400, 50
+NEW_INTERVAL_MS = 4000
+
+
+def http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return resp.status, json.loads(resp.read())
+
+
+def test_a_new_checkpoint_interval_switches_the_trigger_without_restarting_spark(
+    tmp_path: Path, sidecar: ServerProcess, spark: Any
+) -> None:
+    batches = 6
+    write_input(tmp_path / "input", 0, batches - 1, ROWS, KEYS)
+    df = (
+        spark.readStream.schema("k string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(tmp_path / "input"))
+    )
+    app_id = spark.sparkContext.applicationId
+    q = process_keyed(
+        df,
+        key="k",
+        fn=agg,
+        output_schema=OUTPUT_SCHEMA,
+        parallelism=2,
+        max_parallelism=MAX_P,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        job_id="rest-interval",
+        dstl_address=sidecar.address,
+        state_dir=str(tmp_path / "state"),
+        sink=output_sink(tmp_path / "out"),
+        config_port=0,
+    )
+    try:
+        assert q.config_server is not None
+        url = (
+            f"http://127.0.0.1:{q.config_server.port}/jobs/rest-interval/checkpoints/configuration"
+        )
+        q.wait_for_batch(1, timeout_s=180)
+        first_query = q.query
+        status, doc = http("GET", url)
+        assert status == 200 and doc["checkpointInterval"] == 0
+        assert doc["sources"]["checkpointInterval"] == "default"
+        status, doc = http("PATCH", url, {"checkpointInterval": NEW_INTERVAL_MS})
+        assert status == 200 and doc["checkpointInterval"] == NEW_INTERVAL_MS
+        assert doc["sources"]["checkpointInterval"] == "override"
+        q.wait_for_batch(batches - 1, timeout_s=240)
+        # the query was stopped and started again in this driver: same application,
+        # same query id (its checkpoint), a new run
+        assert len(q.switches) == 1 and q.switches[0].interval_s == NEW_INTERVAL_MS / 1000
+        assert spark.sparkContext.applicationId == app_id
+        assert q.query is not first_query
+        assert q.query.id == first_query.id and q.query.runId != first_query.runId
+        # The new trigger paces the batches run after the switch: the first fires at
+        # the start, the next ones on the interval's ticks (Spark aligns them).
+        starts = [
+            datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+            for p in q.query.recentProgress
+        ]
+        gaps = [b - a for a, b in itertools.pairwise(starts)][1:]
+        assert gaps and min(gaps) >= NEW_INTERVAL_MS / 1000 - 0.5, gaps
+    finally:
+        q.stop()
+    _state, want_outputs = expected(batches, ROWS, KEYS)
+    assert read_outputs(tmp_path / "out") == want_outputs
+
+
+def slow_once(marker: Path, key: Any, rows: list[dict[str, Any]], ctx: Any) -> Any:
+    """``agg``, but the first attempt of batch 1 outlives the checkpoint timeout."""
+    if ctx.batch_id == 1 and not marker.exists():
+        marker.touch()
+        time.sleep(120)  # cancelled by the abort long before
+    return agg(key, rows, ctx)
+
+
+def test_a_checkpoint_that_times_out_is_run_again_and_the_query_goes_on(
+    tmp_path: Path, sidecar: ServerProcess, spark: Any
+) -> None:
+    batches = 3
+    write_input(tmp_path / "input", 0, batches - 1, ROWS, KEYS)
+    df = (
+        spark.readStream.schema("k string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(tmp_path / "input"))
+    )
+    q = process_keyed(
+        df,
+        key="k",
+        fn=functools.partial(slow_once, tmp_path / "slow-once"),
+        output_schema=OUTPUT_SCHEMA,
+        parallelism=2,
+        max_parallelism=MAX_P,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        job_id="tolerate",
+        dstl_address=sidecar.address,
+        state_dir=str(tmp_path / "state"),
+        sink=output_sink(tmp_path / "out"),
+        checkpoint_timeout_s=15.0,
+        tolerable_failed_checkpoints=1,
+    )
+    try:
+        q.wait_for_batch(batches - 1, timeout_s=240)
+    finally:
+        q.stop()
+    assert (tmp_path / "slow-once").exists()  # the slow attempt ran, and was aborted
+    assert q.failures is not None and q.failures.tolerated >= 1  # (a slow machine: more)
+    _state, want_outputs = expected(batches, ROWS, KEYS)
+    assert read_outputs(tmp_path / "out") == want_outputs
