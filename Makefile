@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
+DEMO_STAMP := $(VENV)/.installed-demo
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: all venv demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster bench-bounded bench-api bench-recovery clean
+.PHONY: all venv java-check demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster bench-bounded bench-api bench-recovery clean
 
 all: test
 
@@ -22,12 +23,23 @@ $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
-# The main job: a real PySpark Structured Streaming job on the DSTL (needs Java 17).
-demo: $(STAMP)
+# What the demo needs only: dstl and its `spark` extra (not the development set).
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[spark]'
+	touch $(DEMO_STAMP)
+
+# Spark needs Java 17 or newer: on PATH or under $JAVA_HOME (tools/check_java.sh).
+java-check:
+	@sh tools/check_java.sh
+
+# The main job: a real PySpark Structured Streaming job on the DSTL.
+demo: java-check $(DEMO_STAMP)
 	$(PY) examples/spark_demo.py
 
 # The sidecar alone: concurrent writers, checkpoints, truncation, a verified recovery read.
-demo-core: $(STAMP)
+demo-core: $(DEMO_STAMP)
 	$(PY) examples/demo.py
 
 lint: $(STAMP)
