@@ -27,7 +27,9 @@ def check(java_home: Path | None, path: str | None = None) -> subprocess.Complet
         env["JAVA_HOME"] = str(java_home)
     if path is not None:
         env["PATH"] = path
-    return subprocess.run(["/bin/sh", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["/bin/sh", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30
+    )
 
 
 @pytest.mark.parametrize(
