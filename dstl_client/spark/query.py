@@ -142,8 +142,14 @@ class DstlQuery:
                 if self.in_batch.acquire(timeout=timeout_s):  # the batch in flight ends first
                     self.in_batch.release()
                 t1 = time.monotonic()
-                if self.query is not None:
-                    self.query.stop()
+                query = self.query
+                if query is not None and not self._stop_within(query, timeout_s):
+                    log.error(
+                        "job %s: the Spark query did not stop in %.0fs; trigger not switched",
+                        self.job_id,
+                        timeout_s,
+                    )
+                    return
                 t2 = time.monotonic()
                 self.pausing = False
                 if not self.stopping:
@@ -167,6 +173,22 @@ class DstlQuery:
                 switch.stop_s,
                 switch.start_s,
             )
+
+    @staticmethod
+    def _stop_within(query: Any, timeout_s: float) -> bool:
+        """``query.stop()`` unless it already ended; whether it ended within ``timeout_s``."""
+        if not query.isActive:  # e.g. a batch refused while pausing already ended it
+            return True
+        done = threading.Event()
+
+        def stop() -> None:
+            try:
+                query.stop()
+            finally:
+                done.set()
+
+        threading.Thread(target=stop, name="dstl-query-stop", daemon=True).start()
+        return done.wait(timeout_s)
 
     def stop(self, timeout_s: float = 120.0, *, cancel: bool = False) -> None:
         """Stop the query between two batches, close its writers, release the coordinator.

@@ -77,7 +77,13 @@ def test_a_new_checkpoint_interval_switches_the_trigger_without_restarting_spark
         status, doc = http("PATCH", url, {"checkpointInterval": NEW_INTERVAL_MS})
         assert status == 200 and doc["checkpointInterval"] == NEW_INTERVAL_MS
         assert doc["sources"]["checkpointInterval"] == "override"
-        q.wait_for_batch(batches - 1, timeout_s=240)
+        try:
+            q.wait_for_batch(batches - 1, timeout_s=240)
+        except TimeoutError as exc:  # say where the switch stood
+            raise AssertionError(
+                f"{exc}; switching={q.switching.is_set()} switches={q.switches} "
+                f"active={q.query.isActive} status={q.query.status}"
+            ) from exc
         # the query was stopped and started again in this driver: same application,
         # same query id (its checkpoint), a new run
         assert len(q.switches) == 1 and q.switches[0].interval_s == NEW_INTERVAL_MS / 1000
