@@ -39,31 +39,38 @@ def http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
         return resp.status, json.loads(resp.read())
 
 
+def start_job(
+    spark: Any, tmp: Path, sidecar: ServerProcess, batches: int, job_id: str, fn: Any, **kw: Any
+) -> Any:
+    """``agg``'s job on ``batches`` input files (one per micro-batch), with ``kw`` options."""
+    write_input(tmp / "input", 0, batches - 1, ROWS, KEYS)
+    df = (
+        spark.readStream.schema("k string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(tmp / "input"))
+    )
+    return process_keyed(
+        df,
+        key="k",
+        fn=fn,
+        output_schema=OUTPUT_SCHEMA,
+        parallelism=2,
+        max_parallelism=MAX_P,
+        checkpoint_dir=str(tmp / "ckpt"),
+        job_id=job_id,
+        dstl_address=sidecar.address,
+        state_dir=str(tmp / "state"),
+        sink=output_sink(tmp / "out"),
+        **kw,
+    )
+
+
 def test_a_new_checkpoint_interval_switches_the_trigger_without_restarting_spark(
     tmp_path: Path, sidecar: ServerProcess, spark: Any
 ) -> None:
     batches = 6
-    write_input(tmp_path / "input", 0, batches - 1, ROWS, KEYS)
-    df = (
-        spark.readStream.schema("k string, v long")
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(tmp_path / "input"))
-    )
     app_id = spark.sparkContext.applicationId
-    q = process_keyed(
-        df,
-        key="k",
-        fn=agg,
-        output_schema=OUTPUT_SCHEMA,
-        parallelism=2,
-        max_parallelism=MAX_P,
-        checkpoint_dir=str(tmp_path / "ckpt"),
-        job_id="rest-interval",
-        dstl_address=sidecar.address,
-        state_dir=str(tmp_path / "state"),
-        sink=output_sink(tmp_path / "out"),
-        config_port=0,
-    )
+    q = start_job(spark, tmp_path, sidecar, batches, "rest-interval", agg, config_port=0)
     try:
         assert q.config_server is not None
         url = (
@@ -116,24 +123,13 @@ def test_a_checkpoint_that_times_out_is_run_again_and_the_query_goes_on(
     tmp_path: Path, sidecar: ServerProcess, spark: Any
 ) -> None:
     batches = 3
-    write_input(tmp_path / "input", 0, batches - 1, ROWS, KEYS)
-    df = (
-        spark.readStream.schema("k string, v long")
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(tmp_path / "input"))
-    )
-    q = process_keyed(
-        df,
-        key="k",
-        fn=functools.partial(slow_once, tmp_path / "slow-once"),
-        output_schema=OUTPUT_SCHEMA,
-        parallelism=2,
-        max_parallelism=MAX_P,
-        checkpoint_dir=str(tmp_path / "ckpt"),
-        job_id="tolerate",
-        dstl_address=sidecar.address,
-        state_dir=str(tmp_path / "state"),
-        sink=output_sink(tmp_path / "out"),
+    q = start_job(
+        spark,
+        tmp_path,
+        sidecar,
+        batches,
+        "tolerate",
+        functools.partial(slow_once, tmp_path / "slow-once"),
         checkpoint_timeout_s=15.0,
         tolerable_failed_checkpoints=1,
     )
