@@ -21,13 +21,10 @@ from dstl_client.coordinator.records import NO_BATCH
 from dstl_client.core.errors import DstlError
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.keygroups import KeyGroupRange
-from dstl_client.state.changes import encode_put
+from dstl_client.state.snapshot_upload import upload_snapshot
 from dstl_client.state.store import SnapshotReader
 
 log = logging.getLogger(__name__)
-
-#: changes handed to the writer per call
-_APPEND_BATCH = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +113,9 @@ class Materializer:
                     operator_id=f"{plan.operator_id}.mat",
                     key_group_range=self.kg_range.as_tuple(),
                 )
-                part = self._upload(writer, dirty, uploaded, cleared)
+                done = upload_snapshot(self._reader, writer, dirty, plan.persist_timeout_s)
+                part = done.part
+                uploaded, cleared = list(done.uploaded), list(done.cleared)
             result = MatResult(
                 self.version, part, tuple(uploaded), tuple(cleared), plan.full_snapshot
             )
@@ -136,23 +135,3 @@ class Materializer:
             kgs=len(uploaded),
             dirty_kgs=len(dirty),
         )
-
-    def _upload(
-        self, writer: ChangelogWriter, dirty: list[int], uploaded: list[int], cleared: list[int]
-    ) -> ChangelogHandle | None:
-        """Append every row of the ``dirty`` key groups; the part's handle (None if all empty)."""
-        pending: list[tuple[int, bytes]] = []
-        for kg in dirty:
-            n = 0
-            for k, v in self._reader.rows_of_key_group(kg):
-                pending.append((kg, encode_put(k, v)))
-                n += 1
-                if len(pending) >= _APPEND_BATCH:
-                    writer.append_many(pending)
-                    pending = []
-            (uploaded if n else cleared).append(kg)
-        if pending:
-            writer.append_many(pending)
-        if not uploaded:
-            return None
-        return writer.persist_durably(after=0).result(timeout=self.plan.persist_timeout_s)

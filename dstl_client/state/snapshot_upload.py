@@ -1,0 +1,56 @@
+"""Writing a snapshot of key groups as one materialized part through a DSTL writer.
+
+The rows of each key group, read from a consistent :class:`SnapshotReader`,
+become PUT changes of that key group on a fresh writer; one persist makes
+them a part (a handle). The caller owns the reader and the writer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dstl_client.client import ChangelogWriter
+from dstl_client.core.handle import ChangelogHandle
+from dstl_client.state.changes import encode_put
+from dstl_client.state.store import SnapshotReader
+
+#: changes handed to the writer per call
+APPEND_BATCH = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class UploadedSnapshot:
+    """A written part: its handle (None when every key group was empty) and its key groups."""
+
+    part: ChangelogHandle | None
+    #: key groups with rows, all in ``part``
+    uploaded: tuple[int, ...]
+    #: key groups without rows (nothing uploaded for them)
+    cleared: tuple[int, ...]
+
+
+def upload_snapshot(
+    reader: SnapshotReader, writer: ChangelogWriter, kgs: list[int], timeout_s: float
+) -> UploadedSnapshot:
+    """Append every row of the key groups ``kgs`` (ascending) and persist them as one part.
+
+    Thread: any one thread (the writer is not shared while this runs).
+    """
+    uploaded: list[int] = []
+    cleared: list[int] = []
+    pending: list[tuple[int, bytes]] = []
+    for kg in kgs:
+        n = 0
+        for k, v in reader.rows_of_key_group(kg):
+            pending.append((kg, encode_put(k, v)))
+            n += 1
+            if len(pending) >= APPEND_BATCH:
+                writer.append_many(pending)
+                pending = []
+        (uploaded if n else cleared).append(kg)
+    if pending:
+        writer.append_many(pending)
+    if not uploaded:
+        return UploadedSnapshot(None, (), tuple(cleared))
+    part = writer.persist_durably(after=0).result(timeout=timeout_s)
+    return UploadedSnapshot(part, tuple(uploaded), tuple(cleared))
