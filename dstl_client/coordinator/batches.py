@@ -1,23 +1,28 @@
 """Planning a batch and judging its tasks' results: the plan, completeness, materialization.
 
 Materialization is time-driven: when ``materialize_interval_s`` has passed
-since the last one completed, the next plan carries the flag (so at most one
-runs at a time). A batch whose materialization failed in some subtask counts
-as a failure; after ``max_materialization_failures`` in a row the job stops
-with :class:`MaterializationFailed` (after the batch's checkpoint was
-recorded: it is complete without the materialization).
+since the last one completed, the next plan starts a round, which runs in the
+background across batches (see :class:`MaterializationSchedule`; at most one
+at a time). A round that failed in some subtask counts as a failure; after
+``max_materialization_failures`` in a row the job stops with
+:class:`MaterializationFailed` (after the batch's checkpoint was recorded: it
+is complete without the materialization).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from dstl_client.coordinator.config import CoordinatorConfig
 from dstl_client.coordinator.messages import BatchPlan, TaskResult
-from dstl_client.coordinator.records import CheckpointRecord
+from dstl_client.coordinator.records import NO_BATCH, CheckpointRecord
 from dstl_client.core.errors import DstlError
 from dstl_client.keygroups import key_group_range_for_operator
+
+log = logging.getLogger(__name__)
 
 
 class MaterializationFailed(DstlError):
@@ -40,6 +45,7 @@ def make_plan(
     latest: CheckpointRecord | None,
     *,
     materialize: bool,
+    mat_round: int = NO_BATCH,
 ) -> BatchPlan:
     """The plan every task of ``batch_id`` gets (``latest``: the last recorded checkpoint)."""
     return BatchPlan(
@@ -53,6 +59,8 @@ def make_plan(
         dstl_address=config.dstl_address or None,
         dstl_token=config.dstl_token,
         materialize=latest is not None and materialize,
+        mat_round=mat_round if latest is not None else NO_BATCH,
+        materialization_wait_s=config.materialization_wait_s,
         full_snapshot=config.full_snapshot,
         persist_timeout_s=min(config.persist_timeout_s, config.checkpoint_timeout_s),
         cache_rows=config.cache_rows,
@@ -76,13 +84,39 @@ def check_results(plan: BatchPlan, results: Sequence[TaskResult]) -> None:
         raise IncompleteBatch(f"batch {plan.batch_id}: no result from subtasks {missing}")
 
 
-class MaterializationSchedule:
-    """When the next materialization is due, and how many failed in a row.
+@dataclass(slots=True)
+class MatRound:
+    """One materialization round: version ``batch`` of every subtask at ``parallelism``."""
 
-    Invariants: a materialization is due once ``interval_s`` passed since the
-    last one completed (or since the start); the failure count is the number
-    of consecutive batches whose planned materialization failed, reset by one
-    that completed.
+    batch: int
+    parallelism: int
+    started: float
+    #: subtasks that have not reported their outcome yet
+    pending: set[int]
+    #: the errors reported so far (``subtask i: ...``)
+    errors: list[str] = field(default_factory=list)
+    #: the slowest subtask's upload so far (s), and the bytes uploaded by all
+    max_s: float = 0.0
+    bytes: int = 0
+
+
+class MaterializationSchedule:
+    """When the next materialization round is due, the one in flight, and failures in a row.
+
+    A round materializes version ``C`` (the latest record when it starts) of
+    every subtask, in the background across batches (as in Flink's FLIP-158).
+    Plans ask the tasks to start it (``materialize``) while ``C`` is still the
+    latest record, and name it (``mat_round``) until every subtask reported
+    its outcome. It ends when they all did: completed if none failed, else
+    failed; it also fails when still unfinished ``timeout_s`` after its start,
+    and a rescale abandons it (neither). The next round is due
+    ``interval_s`` after the last completed one (or the start).
+
+    Invariants: at most one round at a time; a task's report is accepted only
+    for the round in flight, at its parallelism, once per subtask (anything
+    else is dropped from the results, so its part never enters a record and
+    its objects are orphans for the sweep); the failure count is the number of
+    consecutive rounds that failed, reset by one that completed.
 
     Thread: the coordinator's, under its lock.
     """
@@ -91,30 +125,95 @@ class MaterializationSchedule:
         self._clock = clock
         self._last_done = clock()
         self.failures = 0
+        self.round: MatRound | None = None
+        #: the last round that ended (its figures)
+        self.last_round: MatRound | None = None
+        self.last_errors: list[str] = []
 
     def restart(self) -> None:
-        """The interval counts from now (the coordinator's start)."""
+        """The interval counts from now (the coordinator's start); no round in flight."""
         self._last_done = self._clock()
+        self.round = None
 
     def due(self, interval_s: float) -> bool:
-        return self._clock() - self._last_done >= interval_s
+        return self.round is None and self._clock() - self._last_done >= interval_s
 
-    def completed(self, plan: BatchPlan, results: Sequence[TaskResult]) -> bool | None:
-        """Count the batch: ``None`` if it planned no materialization, else whether it completed."""
-        if not plan.materialize:
+    def plan(
+        self, latest_batch: int | None, parallelism: int, interval_s: float, timeout_s: float
+    ) -> tuple[bool, int]:
+        """``(materialize, mat_round)`` for the next plan; starts a round when one is due."""
+        now = self._clock()
+        r = self.round
+        if r is not None and r.parallelism != parallelism:
+            log.info("materialization of batch %d abandoned: the job rescaled", r.batch)
+            self.round = None
+        elif r is not None and now - r.started > timeout_s:
+            missing = sorted(r.pending)
+            self._end(
+                [*r.errors, f"subtasks {missing}: not finished {timeout_s:g}s after it started"]
+            )
+        if latest_batch is not None and self.due(interval_s):
+            self.round = MatRound(latest_batch, parallelism, now, set(range(parallelism)))
+        r = self.round
+        if r is None:
+            return False, NO_BATCH
+        return latest_batch == r.batch, r.batch
+
+    def accepted(self, plan: BatchPlan, results: Sequence[TaskResult]) -> list[TaskResult]:
+        """The results with only the reports this round takes (others dropped)."""
+        r = self.round
+        out = []
+        for res in results:
+            takes = (
+                r is not None
+                and plan.mat_round == r.batch == res.mat_batch
+                and plan.parallelism == r.parallelism
+                and res.index in r.pending
+            )
+            if not takes and (res.mat is not None or res.mat_error):
+                res = replace(res, mat=None, mat_error="", mat_batch=NO_BATCH)
+            out.append(res)
+        return out
+
+    def would_complete(self, results: Sequence[TaskResult]) -> bool:
+        """Whether recording these (accepted) results completes the round without a failure."""
+        r = self.round
+        if r is None or r.errors or any(res.mat_error for res in results):
+            return False
+        reported = {res.index for res in results if res.mat is not None}
+        return not (r.pending - reported)
+
+    def completed(self, results: Sequence[TaskResult]) -> bool | None:
+        """Count the recorded (accepted) results: ``None`` unless the round ended, else success."""
+        r = self.round
+        if r is None:
             return None
-        if any(r.mat_error for r in results):
+        for res in results:
+            if res.mat_error:
+                r.errors.append(f"subtask {res.index}: {res.mat_error}")
+            if res.mat is not None or res.mat_error:
+                r.pending.discard(res.index)
+                r.max_s = max(r.max_s, res.stats.mat_s)
+                r.bytes += res.stats.mat_bytes
+        if r.pending:
+            return None
+        return self._end(r.errors)
+
+    def _end(self, errors: list[str]) -> bool:
+        self.last_round, self.round = self.round, None
+        if errors:
             self.failures += 1
+            self.last_errors = errors
             return False
         self.failures = 0
+        self.last_errors = []
         self._last_done = self._clock()
         return True
 
-    def raise_if_exhausted(self, max_failures: int, results: Sequence[TaskResult]) -> None:
-        """:class:`MaterializationFailed` after ``max_failures`` failures in a row."""
-        failed = [r for r in results if r.mat_error]
-        if failed and self.failures >= max_failures:
-            errors = "; ".join(f"subtask {r.index}: {r.mat_error}" for r in failed[:3])
+    def raise_if_exhausted(self, max_failures: int) -> None:
+        """:class:`MaterializationFailed` after ``max_failures`` failed rounds in a row."""
+        if self.failures >= max_failures and self.last_errors:
+            errors = "; ".join(self.last_errors[:3])
             raise MaterializationFailed(
                 f"materialization failed {self.failures} times in a row "
                 f"(max_materialization_failures={max_failures}); last errors: {errors}"

@@ -126,6 +126,11 @@ class CheckpointSettings:
     #: checkpoints kept (the newest); older ones are dropped with their objects
     retain: int = 2
     materialize_interval_s: float = 30.0
+    #: a materialization runs in the background across batches; a task that started one
+    #: waits this long for it before leaving it running (0: it never holds a batch)
+    materialization_wait_s: float = 0.0
+    #: a materialization not finished in every subtask this long after it started fails
+    materialization_timeout_s: float = 600.0
     max_materialization_failures: int = 3
     #: baseline mode: snapshot every key group at every materialization
     full_snapshot: bool = False
@@ -178,6 +183,10 @@ class CheckpointSettings:
             raise ConfigError("checkpoint_interval_s must be a finite number >= 0")
         if self.tolerable_failed_checkpoints < 0:
             raise ConfigError("tolerable_failed_checkpoints must be >= 0")
+        if not 0 <= self.materialization_wait_s < float("inf"):
+            raise ConfigError("materialization_wait_s must be a finite number >= 0")
+        if not self.materialization_timeout_s > 0:
+            raise ConfigError("materialization_timeout_s must be > 0")
         if self.max_materialization_failures < 1:
             raise ConfigError("max_materialization_failures must be >= 1")
         if self.persist_timeout_s <= 0:

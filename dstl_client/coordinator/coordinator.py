@@ -360,8 +360,15 @@ class CheckpointCoordinator:
                 self.metrics.skipped_batches.inc()
                 log.info("batch %d is already checkpointed: skipped", batch_id)
                 return None
-            due = self._schedule.due(cfg.materialize_interval_s)
-            plan = make_plan(cfg, batch_id, parallelism, latest, materialize=due)
+            materialize, mat_round = self._schedule.plan(
+                None if latest is None else latest.batch_id,
+                parallelism,
+                cfg.materialize_interval_s,
+                cfg.materialization_timeout_s,
+            )
+            plan = make_plan(
+                cfg, batch_id, parallelism, latest, materialize=materialize, mat_round=mat_round
+            )
             self._watchdog.begin(batch_id)
             return plan
 
@@ -385,7 +392,11 @@ class CheckpointCoordinator:
             check_results(plan, results)
             self._watchdog.raise_if_aborted(plan.batch_id)
             t0 = time.perf_counter()
-            stats = CheckpointStats.of_tasks(plan.batch_id, plan.materialize, results)
+            # only the reports of the materialization round in flight enter the record
+            results = self._schedule.accepted(plan, results)
+            stats = CheckpointStats.of_tasks(
+                plan.batch_id, self._schedule.would_complete(results), results
+            )
             record = next_record(
                 self.latest,
                 job_id=cfg.job_id,
@@ -410,7 +421,8 @@ class CheckpointCoordinator:
                 batch_s=None if started_monotonic is None else time.monotonic() - started_monotonic,
             )
             self.history.append(stats)
-            self.metrics.observe_checkpoint(stats, self._schedule.completed(plan, results))
+            ended = self._schedule.completed(results)
+            self.metrics.observe_checkpoint(stats, ended, self._schedule.last_round)
             log.info("%s", stats.describe())
-            self._schedule.raise_if_exhausted(cfg.max_materialization_failures, results)
+            self._schedule.raise_if_exhausted(cfg.max_materialization_failures)
             return record

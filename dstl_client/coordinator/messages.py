@@ -44,7 +44,12 @@ class BatchPlan:
     #: sidecar address; a task prefers ``$DSTL_ADDRESS`` of its node
     dstl_address: str | None = None
     dstl_token: str | None = None
+    #: start the materialization of ``committed`` (the round ``mat_round``) where none runs
     materialize: bool = False
+    #: the materialization round the driver waits for (a committed batch id), or ``NO_BATCH``
+    mat_round: int = NO_BATCH
+    #: how long a task's finish waits for a materialization it started (0: never holds a batch)
+    materialization_wait_s: float = 0.0
     #: baseline mode: materialize every key group, changed or not
     full_snapshot: bool = False
     persist_timeout_s: float = 120.0
@@ -159,6 +164,8 @@ class TaskResult:
     changelog: ChangelogHandle | None
     mat: MatResult | None = None
     mat_error: str = ""
+    #: the materialization round ``mat`` / ``mat_error`` report on (``NO_BATCH``: none)
+    mat_batch: int = NO_BATCH
     stats: TaskStats = field(default_factory=TaskStats)
     #: the log id of the subtask's changelog writer (the driver closes it on stop)
     log_id: str = ""
@@ -189,6 +196,7 @@ class TaskResult:
             "changelog": None if self.changelog is None else handle_to_text(self.changelog),
             "mat": None if self.mat is None else self.mat.to_json(),
             "mat_error": self.mat_error,
+            "mat_batch": self.mat_batch,
             "stats": self.stats.to_json(),
             "log_id": self.log_id,
             "op_state": None if self.op_state is None else handle_to_text(self.op_state),
@@ -211,6 +219,7 @@ class TaskResult:
             changelog=None if doc["changelog"] is None else handle_from_text(doc["changelog"]),
             mat=None if m is None else MatResult.from_json(m),
             mat_error=str(doc.get("mat_error") or ""),
+            mat_batch=int(doc.get("mat_batch", NO_BATCH)),
             stats=TaskStats.from_json(doc.get("stats")),
             log_id=str(doc.get("log_id") or ""),
             op_state=None if not doc.get("op_state") else handle_from_text(doc["op_state"]),

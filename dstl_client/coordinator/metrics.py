@@ -35,6 +35,7 @@ from prometheus_client import (
 from dstl_client.coordinator.stats import CheckpointStats
 
 if TYPE_CHECKING:
+    from dstl_client.coordinator.batches import MatRound
     from dstl_client.coordinator.config import CheckpointSettings
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -100,12 +101,12 @@ class CoordinatorMetrics:
         )
         self.materialization_duration = hist(
             "dstl_driver_materialization_duration_seconds",
-            "Slowest task's materialization in a batch.",
+            "Slowest subtask's upload in a materialization round.",
             _SECONDS,
         )
         self.materialization_bytes = hist(
             "dstl_driver_materialization_bytes",
-            "Snapshot bytes uploaded per materialization.",
+            "Snapshot bytes uploaded per materialization round.",
             _BYTES,
         )
         self.checkpoints = counter("dstl_driver_checkpoints", "Checkpoints recorded.")
@@ -117,7 +118,7 @@ class CoordinatorMetrics:
             "dstl_driver_materializations", "Materializations recorded."
         )
         self.materialization_failures = counter(
-            "dstl_driver_materialization_failures", "Batches whose materialization failed."
+            "dstl_driver_materialization_failures", "Materialization rounds that failed."
         )
         self.checkpoint_timeouts = counter(
             "dstl_driver_checkpoint_timeouts", "Checkpoints aborted by the checkpoint timeout."
@@ -160,8 +161,14 @@ class CoordinatorMetrics:
         self.checkpoint_timeout.set_function(lambda: settings().checkpoint_timeout_s)
         self.materialize_interval.set_function(lambda: settings().materialize_interval_s)
 
-    def observe_checkpoint(self, stats: CheckpointStats, materialization: bool | None) -> None:
-        """A recorded checkpoint; ``materialization``: None if none was planned, else success."""
+    def observe_checkpoint(
+        self,
+        stats: CheckpointStats,
+        materialization: bool | None,
+        mat_round: MatRound | None = None,
+    ) -> None:
+        """A recorded checkpoint; ``materialization``: None unless a round ended with it, else
+        whether it completed (``mat_round``: that round's figures)."""
         self.checkpoints.inc()
         self.last_batch.set(stats.batch_id)
         self.checkpoint_duration.observe(stats.checkpoint_s)
@@ -177,8 +184,9 @@ class CoordinatorMetrics:
         if materialization is True:
             self.materializations.inc()
             self.last_materialization.set(time.time())
-            self.materialization_duration.observe(stats.mat_max_s)
-            self.materialization_bytes.observe(stats.mat_bytes)
+            r = mat_round
+            self.materialization_duration.observe(stats.mat_max_s if r is None else r.max_s)
+            self.materialization_bytes.observe(stats.mat_bytes if r is None else r.bytes)
         elif materialization is False:
             self.materialization_failures.inc()
 

@@ -272,6 +272,8 @@ def next_record(
             if pid is not None and m.part is not None:
                 parts[pid] = m.part
             for kg in range(r.first, r.last + 1):
+                if m.batch < per_kg[kg][1]:
+                    continue  # an older materialization than the recorded one: never goes back
                 if kg in uploaded:
                     per_kg[kg] = (pid, m.batch)
                 elif kg in cleared:

@@ -39,7 +39,7 @@ class CheckpointStats:
     """
 
     batch_id: int = -1
-    #: the plan asked for a materialization and every subtask completed it
+    #: a materialization round completed with this batch (every subtask's part recorded)
     materialized: bool = False
     # sums over the tasks
     rows: int = 0
@@ -75,14 +75,14 @@ class CheckpointStats:
 
     @classmethod
     def of_tasks(
-        cls, batch_id: int, materialize: bool, results: Sequence[TaskResult]
+        cls, batch_id: int, materialized: bool, results: Sequence[TaskResult]
     ) -> CheckpointStats:
         """The sums and peaks over one batch's task results."""
         ts = [r.stats for r in results]
         errors = tuple(r.mat_error for r in results if r.mat_error)
         return cls(
             batch_id=batch_id,
-            materialized=materialize and not errors,
+            materialized=materialized and not errors,
             rows=sum(s.rows for s in ts),
             keys=sum(s.keys for s in ts),
             changes=sum(s.changes for s in ts),

@@ -4,16 +4,22 @@ The key groups changed since their last recorded materialization (every key
 group of the range in ``full_snapshot`` mode) are written as PUT changes
 through a fresh DSTL writer and persisted; the resulting handle is the
 *part*. Unchanged key groups are re-referenced by the driver, not uploaded.
-A failure is reported to the driver (which counts them), never raised.
+
+It runs in the background, across batches: the task that starts it does not
+wait (unless the plan's ``materialization_wait_s`` lets it), and whichever
+later task of the subtask finds it ended reports its outcome through the
+store's :class:`~dstl_client.state.mat_slot.MaterializationSlot`. A failure is
+reported to the driver (which counts them), never raised.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from dstl_client.client import ChangelogClient, ChangelogWriter
 from dstl_client.coordinator.messages import BatchPlan, MatResult
@@ -21,35 +27,37 @@ from dstl_client.coordinator.records import NO_BATCH
 from dstl_client.core.errors import DstlError
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.keygroups import KeyGroupRange
+from dstl_client.state.mat_slot import (
+    DONE,
+    FAILED,
+    RUNNING,
+    MaterializationSlot,
+    MatOutcome,
+    SlotClaim,
+    SlotRecord,
+)
 from dstl_client.state.snapshot_upload import upload_snapshot
 from dstl_client.state.store import SnapshotReader
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class MatOutcome:
-    """The end of one materialization: its result or its error, and its figures."""
-
-    result: MatResult | None = None
-    error: str = ""
-    seconds: float = 0.0
-    bytes: int = 0
-    kgs: int = 0
-    dirty_kgs: int = 0
+__all__ = ["MatOutcome", "Materializer", "TaskMaterialization"]
 
 
 class Materializer:
     """Uploads the snapshot of version ``version`` of one subtask's store, in a thread.
 
     Invariants: it reads only through its :class:`SnapshotReader`, a
-    consistent view of the version fixed when the reader was opened (the task
-    goes on writing its batch meanwhile); it closes the reader and its writer
-    whatever happens; :attr:`outcome` is set exactly once, by the upload thread,
-    and read by the task only after :meth:`join` saw that thread end.
+    consistent view of the version fixed when the reader was opened (tasks go
+    on writing later batches meanwhile); it closes the reader and its writer
+    whatever happens; the slot says ``running`` before :meth:`start` returns,
+    and the outcome is written to the slot *before* the slot's claim is
+    released, so a task that finds the slot free finds the outcome (or a
+    ``running`` record: the process died). :attr:`outcome` is set exactly
+    once, by the upload thread.
 
     Threads: :meth:`start` and :meth:`join` on the task's thread; the upload
-    on a daemon thread of its own.
+    on a daemon thread of its own, which outlives the task.
     """
 
     def __init__(
@@ -60,6 +68,8 @@ class Materializer:
         client: ChangelogClient,
         reader: SnapshotReader,
         version: int,
+        slot: MaterializationSlot,
+        claim: SlotClaim,
     ) -> None:
         self.plan = plan
         self.index = index
@@ -67,20 +77,26 @@ class Materializer:
         self.client = client
         self._reader = reader
         self.version = version
+        self._slot = slot
+        self._claim = claim
         self.outcome: MatOutcome | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"dstl-materialize-{index}", daemon=True
         )
 
     def start(self) -> None:
-        self._thread.start()
+        try:
+            self._slot.write(SlotRecord(self.version, RUNNING))
+            self._thread.start()
+        except BaseException:
+            self._reader.close()
+            self._claim.release()
+            raise
 
-    def join(self, timeout_s: float) -> MatOutcome:
-        """Wait for the upload; an outcome with an error if it did not finish in time."""
+    def join(self, timeout_s: float) -> MatOutcome | None:
+        """The outcome if the upload ended within ``timeout_s``, else ``None``."""
         self._thread.join(timeout_s)
-        if self._thread.is_alive() or self.outcome is None:
-            return MatOutcome(error=f"materialization did not finish in {timeout_s}s")
-        return self.outcome
+        return None if self._thread.is_alive() else self.outcome
 
     def _dirty_key_groups(self) -> list[int]:
         plan = self.plan
@@ -99,8 +115,8 @@ class Materializer:
         t0 = time.perf_counter()
         plan = self.plan
         dirty: list[int] = []
-        uploaded: list[int] = []
-        cleared: list[int] = []
+        uploaded: tuple[int, ...] = ()
+        cleared: tuple[int, ...] = ()
         part: ChangelogHandle | None = None
         result: MatResult | None = None
         error = ""
@@ -114,11 +130,8 @@ class Materializer:
                     key_group_range=self.kg_range.as_tuple(),
                 )
                 done = upload_snapshot(self._reader, writer, dirty, plan.persist_timeout_s)
-                part = done.part
-                uploaded, cleared = list(done.uploaded), list(done.cleared)
-            result = MatResult(
-                self.version, part, tuple(uploaded), tuple(cleared), plan.full_snapshot
-            )
+                part, uploaded, cleared = done.part, done.uploaded, done.cleared
+            result = MatResult(self.version, part, uploaded, cleared, plan.full_snapshot)
         except Exception as exc:  # reported to the driver, which counts failures
             error = f"{type(exc).__name__}: {exc}"
             log.warning("materialization of subtask %d failed: %s", self.index, error)
@@ -127,7 +140,8 @@ class Materializer:
             if writer is not None:
                 with contextlib.suppress(DstlError):
                     writer.close()
-        self.outcome = MatOutcome(
+        outcome = MatOutcome(
+            batch=self.version,
             result=result,
             error=error,
             seconds=round(time.perf_counter() - t0, 4),
@@ -135,3 +149,128 @@ class Materializer:
             kgs=len(uploaded),
             dirty_kgs=len(dirty),
         )
+        try:
+            self._slot.write(SlotRecord(self.version, FAILED if error else DONE, outcome))
+        except OSError as exc:  # the next task finds "running" under a free lock: failed
+            log.warning("materialization of subtask %d: outcome not saved: %s", self.index, exc)
+        finally:
+            self.outcome = outcome
+            self._claim.release()
+
+
+class TaskMaterialization:
+    """The materialization side of one task attempt: start one, report how one ended.
+
+    The driver runs one materialization *round* at a time: version ``C`` of
+    every subtask (``plan.mat_round``), started by the tasks of the batch after
+    ``C`` (``plan.materialize``). A task reports the round's outcome for its
+    subtask once it has ended (done, failed, or gone because the process
+    running it exited), and keeps a done outcome in the slot until the driver's
+    record holds it (a batch that fails after reporting it reports it again).
+    A slot holding anything but the round the driver waits for is obsolete
+    (an abandoned round, a driver restart) and cleared; its objects are
+    orphans for the sweep.
+
+    Invariants: at most one materialization per store at a time (the slot's
+    claim); a round's outcome is reported, never lost silently: a subtask
+    whose round cannot run or vanished reports an error, which the driver
+    counts. Thread: the task's, while it holds the store's lock.
+    """
+
+    def __init__(
+        self,
+        plan: BatchPlan,
+        index: int,
+        kg_range: KeyGroupRange,
+        client: ChangelogClient,
+        slot: MaterializationSlot,
+    ) -> None:
+        self.plan = plan
+        self.index = index
+        self.kg_range = kg_range
+        self.client = client
+        self.slot = slot
+        self.report: MatOutcome | None = None
+        self._materializer: Materializer | None = None
+
+    def _recorded(self, batch: int) -> bool:
+        """Whether the driver's last record holds this range's materialization of ``batch``."""
+        committed = self.plan.committed
+        if committed is None:
+            return False
+        per_kg = committed.mat_per_kg()
+        return all(per_kg[kg][1] >= batch for kg in self.kg_range)
+
+    def at_open(self, store_version: int | None, open_reader: Callable[[], SnapshotReader]) -> None:
+        """Report an ended round, or start the round if the plan asks and none runs."""
+        self._poll(store_version, open_reader)
+
+    def at_finish(self) -> None:
+        """Report the round if it ended meanwhile (waiting up to ``materialization_wait_s``
+        for one this attempt started)."""
+        if self.report is not None:
+            return
+        if self._materializer is not None:
+            wait = self.plan.materialization_wait_s
+            if self._materializer.join(wait) is None:
+                return  # still uploading: a later task reports it
+        self._poll(None, None)
+
+    def _poll(
+        self, store_version: int | None, open_reader: Callable[[], SnapshotReader] | None
+    ) -> None:
+        plan = self.plan
+        wanted = plan.mat_round
+        claim = self.slot.claim()
+        if claim is None:  # one runs
+            record = self.slot.read()
+            if plan.materialize and record is not None and record.batch != wanted:
+                self.report = MatOutcome(
+                    batch=wanted,
+                    error=f"the materialization of batch {record.batch} still runs in this store",
+                )
+            return
+        try:
+            record = self.slot.read()
+            if record is not None and (record.batch != wanted or self._recorded(record.batch)):
+                self.slot.clear()  # obsolete, or the driver has it
+                record = None
+            if record is not None:
+                if record.status == RUNNING or record.outcome is None:
+                    self.report = MatOutcome(
+                        batch=record.batch,
+                        error="the materialization stopped before it finished "
+                        "(the process running it exited)",
+                    )
+                else:
+                    self.report = record.outcome
+                if self.report.error:
+                    self.slot.clear()  # reported once; the driver plans another round
+                return
+            if wanted == NO_BATCH or self._recorded(wanted):
+                return
+            if plan.materialize and open_reader is not None and store_version == wanted:
+                try:
+                    reader = open_reader()
+                except sqlite3.Error as exc:
+                    self.report = MatOutcome(batch=wanted, error=f"could not start: {exc}")
+                    return
+                materializer = Materializer(
+                    plan, self.index, self.kg_range, self.client, reader, wanted, self.slot, claim
+                )
+                claim = None  # the materializer's now: released by it, whatever happens
+                try:
+                    materializer.start()
+                except (OSError, RuntimeError) as exc:
+                    self.report = MatOutcome(batch=wanted, error=f"could not start: {exc}")
+                    return
+                self._materializer = materializer
+                return
+            self.report = MatOutcome(
+                batch=wanted,
+                error=f"the materialization of batch {wanted} is not running in this store "
+                "(the process running it exited, or the store was rebuilt)",
+            )
+        finally:
+            if claim is not None:
+                claim.release()

@@ -9,8 +9,10 @@ subtask ``i``:
    if that batch is ``C`` (by the committed attempt id), drops it if it was
    not committed, or, when the store is missing, stale or of another range,
    **restores** it from the checkpoint record (:mod:`.restore`);
-2. if the plan asks, **materializes** version ``C`` in the background while
-   the batch runs (:mod:`.materialize`); failures are reported, not raised;
+2. if the plan asks, starts the **materialization** of version ``C`` in the
+   background (:mod:`.materialize`): it runs across batches, never holding
+   this one; the task reports a materialization that ended (this attempt's or
+   an earlier task's, through the store's slot); failures are reported, not raised;
 3. truncates its changelog writer below what materializations recorded by
    the driver cover;
 4. runs the user function per key over a :class:`ChangelogStateBackend`,
@@ -50,7 +52,8 @@ from dstl_client.keygroups import KeyGroupRange, key_group_range_for_operator
 from dstl_client.state.api import KeyedContext
 from dstl_client.state.backend import ChangelogStateBackend
 from dstl_client.state.clients import resolve_address, resolve_state_dir, shared_client
-from dstl_client.state.materialize import Materializer, MatOutcome
+from dstl_client.state.mat_slot import MaterializationSlot, MatOutcome
+from dstl_client.state.materialize import TaskMaterialization
 from dstl_client.state.operator_state import OperatorStates
 from dstl_client.state.restore import restore_subtask
 from dstl_client.state.store import NO_VERSION, LocalKeyedStore
@@ -69,8 +72,8 @@ class Subtask:
     batch is committed locally only after its changes are durable at the
     sidecar; a writer that failed, or whose calls' outcome is unknown, is
     never used again (its log is abandoned on close). Thread: the task's
-    thread only (the materialization uploads on its own thread, see
-    :class:`~dstl_client.state.materialize.Materializer`).
+    thread only (a materialization uploads on its own thread, which may
+    outlive the task, see :class:`~dstl_client.state.materialize.Materializer`).
     """
 
     def __init__(self, plan: BatchPlan, index: int, client: ChangelogClient | None = None) -> None:
@@ -88,8 +91,7 @@ class Subtask:
         self._store: LocalKeyedStore | None = None
         self._writer: ChangelogWriter | None = None
         self._backend: ChangelogStateBackend | None = None
-        self._materializer: Materializer | None = None
-        self._mat = MatOutcome()
+        self._mat: TaskMaterialization | None = None
         self.context: KeyedContext | None = None
         self._operator_states: OperatorStates | None = None
         self.start_sqn = 0
@@ -116,12 +118,11 @@ class Subtask:
         self.stats = replace(self.stats, lock_s=round(time.perf_counter() - t0, 4))
         self._prepare_version()
         version = self.store.main_version[0]
-        if plan.materialize and version != NO_VERSION:
-            # the snapshot of version C is fixed now; it uploads while the batch runs
-            self._materializer = Materializer(
-                plan, self.index, self.kg_range, self.client, self.store.snapshot_reader(), version
-            )
-            self._materializer.start()
+        # a snapshot of version C is fixed when started; it uploads while batches run
+        self._mat = TaskMaterialization(
+            plan, self.index, self.kg_range, self.client, MaterializationSlot(directory)
+        )
+        self._mat.at_open(version if version != NO_VERSION else None, self.store.snapshot_reader)
         writer = self._open_writer()
         self._truncate()
         self._backend = ChangelogStateBackend(
@@ -270,7 +271,7 @@ class Subtask:
             None if self._operator_states is None else self._operator_states.write_if_needed()
         )
         t1 = time.perf_counter()
-        mat = self._join_materialization()
+        mat = self._materialization_report()
         t_mat = time.perf_counter() - t1
         store = self.store
         store.begin()
@@ -303,17 +304,19 @@ class Subtask:
             changelog=None if handle.is_empty() else handle,
             mat=mat.result,
             mat_error=mat.error,
+            mat_batch=mat.batch,
             stats=self.stats,
             log_id=writer.log_id,
             op_state=op_state,
         )
 
-    def _join_materialization(self) -> MatOutcome:
-        """The materialization's outcome (waits up to the persist timeout); once."""
-        materializer, self._materializer = self._materializer, None
-        if materializer is not None:
-            self._mat = materializer.join(self.plan.persist_timeout_s)
-        return self._mat
+    def _materialization_report(self) -> MatOutcome:
+        """The outcome of a materialization that ended, to report (empty: none ended)."""
+        mat = self._mat
+        if mat is None:
+            return MatOutcome()
+        mat.at_finish()
+        return mat.report or MatOutcome()
 
     def close(self, error: BaseException | None = None) -> None:
         """Release the store (an unfinished batch is rolled back).
@@ -331,7 +334,6 @@ class Subtask:
             and (writer.failed is not None or isinstance(error, DstlError | TimeoutError))
         ):
             self._abandon_writer(error)
-        self._join_materialization()
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,24 @@ def test_next_record_tracks_parts_segments_and_re_references() -> None:
     assert TaskResult.from_bytes(
         result(0, a, 3, part, MatResult(2, part2, (3,), ())).to_bytes()
     ) == (result(0, a, 3, part, MatResult(2, part2, (3,), ())))
+    late = replace(result(0, a, 3, None, MatResult(2, part2, (3,), ())), mat_batch=2)
+    assert TaskResult.from_bytes(late.to_bytes()) == late
+    # a materialization older than the recorded one never moves a key group back
+    old = handle(a, "old")
+    r4 = next_record(
+        r3,
+        job_id="job",
+        operator_id="op",
+        batch_id=4,
+        max_parallelism=MAX_P,
+        parallelism=2,
+        results=[
+            result(0, a, 4, None, MatResult(1, old, uploaded=(0, 1, 2, 3), cleared=())),
+            result(1, b, 4, None),
+        ],
+    )
+    assert r4.mat_per_kg() == r3.mat_per_kg()
+    assert old.log_id not in r4.parts
 
 
 def test_max_parallelism_is_fixed() -> None:

@@ -103,6 +103,9 @@ def make_coordinator(
     state_dir: str | None = None,
     **kw: Any,
 ) -> CheckpointCoordinator:
+    # these jobs check what each batch recorded: a task waits for the materialization it
+    # started (the background case has its own tests)
+    kw.setdefault("materialization_wait_s", 120.0)
     cfg = CoordinatorConfig(
         job_id=job_id,
         checkpoint_dir=str(root / "ckpt"),

@@ -1,0 +1,142 @@
+"""The driver's materialization rounds: one at a time, in the background, counted once."""
+
+from __future__ import annotations
+
+import pytest
+
+from dstl_client.coordinator.batches import MaterializationFailed, MaterializationSchedule
+from dstl_client.coordinator.messages import BatchPlan, MatResult, TaskResult
+from dstl_client.coordinator.records import NO_BATCH
+from dstl_client.keygroups import key_group_range_for_operator
+
+MAX_P = 8
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def plan(batch: int, p: int, materialize: bool, mat_round: int) -> BatchPlan:
+    return BatchPlan(
+        job_id="j",
+        operator_id="op",
+        batch_id=batch,
+        parallelism=p,
+        max_parallelism=MAX_P,
+        state_dir="/nowhere",
+        committed=None,
+        materialize=materialize,
+        mat_round=mat_round,
+    )
+
+
+def result(batch: int, i: int, p: int, mat_batch: int = NO_BATCH, error: str = "") -> TaskResult:
+    rng = key_group_range_for_operator(i, p, MAX_P)
+    mat = None
+    if mat_batch != NO_BATCH and not error:
+        mat = MatResult(mat_batch, None, (), tuple(range(rng.first, rng.last + 1)))
+    return TaskResult(
+        index=i,
+        first=rng.first,
+        last=rng.last,
+        batch_id=batch,
+        attempt="a",
+        changelog=None,
+        mat=mat,
+        mat_error=error,
+        mat_batch=mat_batch,
+    )
+
+
+def test_a_round_starts_when_due_runs_across_batches_and_completes() -> None:
+    clock = Clock()
+    s = MaterializationSchedule(clock)
+    assert s.plan(4, 2, interval_s=10, timeout_s=600) == (False, NO_BATCH)  # not due yet
+    clock.now += 10
+    # due: the round of the latest record (4) starts; tasks start it while 4 is the latest
+    assert s.plan(4, 2, 10, 600) == (True, 4)
+    assert s.plan(4, 2, 10, 600) == (True, 4)  # the batch re-planned (e.g. re-run)
+    # batch 5 recorded without reports; the round stays in flight, none other starts
+    assert s.completed(s.accepted(plan(5, 2, True, 4), [result(5, 0, 2), result(5, 1, 2)])) is None
+    clock.now += 100
+    assert s.plan(5, 2, 10, 600) == (False, 4)
+    # subtask 1 reports in batch 6, subtask 0 in batch 7: the round completes then
+    res6 = s.accepted(plan(6, 2, False, 4), [result(6, 0, 2), result(6, 1, 2, 4)])
+    assert not s.would_complete(res6)
+    assert s.completed(res6) is None
+    assert s.plan(6, 2, 10, 600) == (False, 4)
+    res7 = s.accepted(plan(7, 2, False, 4), [result(7, 0, 2, 4), result(7, 1, 2)])
+    assert s.would_complete(res7)
+    assert s.completed(res7) is True
+    assert s.round is None and s.failures == 0
+    # the next is due interval_s after this completion
+    assert s.plan(7, 2, 10, 600) == (False, NO_BATCH)
+    clock.now += 10
+    assert s.plan(7, 2, 10, 600) == (True, 7)
+
+
+def test_reports_of_other_rounds_and_repeated_ones_are_dropped() -> None:
+    clock = Clock()
+    s = MaterializationSchedule(clock)
+    clock.now += 1
+    assert s.plan(2, 2, 0, 600) == (True, 2)
+    p3 = plan(3, 2, True, 2)
+    stale = result(3, 0, 2, mat_batch=1)  # a slot left by an earlier driver run
+    taken = s.accepted(p3, [stale, result(3, 1, 2, 2)])
+    assert taken[0].mat is None and taken[0].mat_batch == NO_BATCH
+    assert taken[1].mat is not None
+    assert s.completed(taken) is None
+    # subtask 1 reports again (its batch failed after reporting, say): dropped now
+    again = s.accepted(plan(4, 2, False, 2), [result(4, 0, 2), result(4, 1, 2, 2)])
+    assert again[1].mat is None
+    # a report under a plan that names no round is dropped too
+    dropped = s.accepted(plan(4, 2, False, NO_BATCH), [result(4, 0, 2, 2)])
+    assert dropped[0].mat is None
+
+
+def test_failed_rounds_count_in_a_row_and_stop_the_job() -> None:
+    clock = Clock()
+    s = MaterializationSchedule(clock)
+    for n in range(1, 4):
+        clock.now += 1
+        materialize, rnd = s.plan(n, 2, 0, 600)
+        assert materialize and rnd == n
+        res = s.accepted(
+            plan(n + 1, 2, True, rnd),
+            [result(n + 1, 0, 2, rnd), result(n + 1, 1, 2, rnd, error="boom")],
+        )
+        assert not s.would_complete(res)
+        assert s.completed(res) is False
+        assert s.failures == n
+        if n < 3:
+            s.raise_if_exhausted(3)
+    with pytest.raises(MaterializationFailed, match=r"3 times in a row.*subtask 1: boom"):
+        s.raise_if_exhausted(3)
+    # one that completes resets the count
+    clock.now += 1
+    assert s.plan(9, 1, 0, 600) == (True, 9)
+    assert s.completed(s.accepted(plan(10, 1, True, 9), [result(10, 0, 1, 9)])) is True
+    assert s.failures == 0
+
+
+def test_a_round_not_finished_in_time_fails_and_a_rescale_abandons_one() -> None:
+    clock = Clock()
+    s = MaterializationSchedule(clock)
+    clock.now += 1
+    assert s.plan(1, 2, 0, timeout_s=60) == (True, 1)
+    s.completed(s.accepted(plan(2, 2, True, 1), [result(2, 0, 2, 1), result(2, 1, 2)]))
+    clock.now += 61
+    # subtask 1 never reported: the round fails and, due, the next one starts
+    assert s.plan(2, 2, 0, 60) == (True, 2)
+    assert s.failures == 1
+    assert "subtasks [1]: not finished 60s" in s.last_errors[-1]
+    # a rescale abandons the round in flight: neither a failure nor a success
+    assert s.plan(3, 3, 3600, 60) == (False, NO_BATCH)
+    assert s.round is None and s.failures == 1
+    # results at the new parallelism carry nothing for the abandoned round
+    res = s.accepted(plan(4, 3, False, NO_BATCH), [result(4, 0, 3, 2)])
+    assert res[0].mat is None
