@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from dstl_client.coordinator.config import CoordinatorConfig
-from dstl_client.coordinator.messages import BatchPlan, TaskResult
+from dstl_client.coordinator.messages import MAT_PROCESS_EXITED, BatchPlan, TaskResult
 from dstl_client.coordinator.records import NO_BATCH, CheckpointRecord
 from dstl_client.core.errors import DstlError
 from dstl_client.keygroups import key_group_range_for_operator
@@ -46,6 +46,7 @@ def make_plan(
     *,
     materialize: bool,
     mat_round: int = NO_BATCH,
+    materialization_wait_s: float | None = None,
 ) -> BatchPlan:
     """The plan every task of ``batch_id`` gets (``latest``: the last recorded checkpoint)."""
     return BatchPlan(
@@ -60,7 +61,11 @@ def make_plan(
         dstl_token=config.dstl_token,
         materialize=latest is not None and materialize,
         mat_round=mat_round if latest is not None else NO_BATCH,
-        materialization_wait_s=config.materialization_wait_s,
+        materialization_wait_s=(
+            config.materialization_wait_s
+            if materialization_wait_s is None
+            else materialization_wait_s
+        ),
         full_snapshot=config.full_snapshot,
         persist_timeout_s=min(config.persist_timeout_s, config.checkpoint_timeout_s),
         cache_rows=config.cache_rows,
@@ -118,6 +123,13 @@ class MaterializationSchedule:
     its objects are orphans for the sweep); the failure count is the number of
     consecutive rounds that failed, reset by one that completed.
 
+    A materialization runs on a thread of the Python worker that started it;
+    Spark stops workers that stay idle (about a minute without tasks), which
+    takes the upload along (:data:`MAT_PROCESS_EXITED`). After a round failed
+    that way, the next rounds' tasks wait for their own upload (up to
+    ``timeout_s``: the batch holds, as a synchronous materialization would)
+    until one completes, so slow triggers and large state still materialize.
+
     Thread: the coordinator's, under its lock.
     """
 
@@ -129,6 +141,12 @@ class MaterializationSchedule:
         #: the last round that ended (its figures)
         self.last_round: MatRound | None = None
         self.last_errors: list[str] = []
+        #: the last round failed because a process exited: tasks wait for theirs
+        self.synchronous = False
+
+    def wait_s(self, configured_s: float, timeout_s: float) -> float:
+        """How long the next plan's tasks wait for a materialization they started."""
+        return max(configured_s, timeout_s) if self.synchronous else configured_s
 
     def restart(self) -> None:
         """The interval counts from now (the coordinator's start); no round in flight."""
@@ -204,7 +222,14 @@ class MaterializationSchedule:
         if errors:
             self.failures += 1
             self.last_errors = errors
+            if any(MAT_PROCESS_EXITED in e for e in errors) and not self.synchronous:
+                self.synchronous = True
+                log.warning(
+                    "a materialization's process exited before it finished (Spark stops idle "
+                    "Python workers); the next ones run inside their batch until one completes"
+                )
             return False
+        self.synchronous = False
         self.failures = 0
         self.last_errors = []
         self._last_done = self._clock()

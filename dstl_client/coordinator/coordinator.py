@@ -367,7 +367,15 @@ class CheckpointCoordinator:
                 cfg.materialization_timeout_s,
             )
             plan = make_plan(
-                cfg, batch_id, parallelism, latest, materialize=materialize, mat_round=mat_round
+                cfg,
+                batch_id,
+                parallelism,
+                latest,
+                materialize=materialize,
+                mat_round=mat_round,
+                materialization_wait_s=self._schedule.wait_s(
+                    cfg.materialization_wait_s, cfg.materialization_timeout_s
+                ),
             )
             self._watchdog.begin(batch_id)
             return plan

@@ -28,6 +28,10 @@ from dstl_client.core.handle import ChangelogHandle
 from dstl_client.keygroups import KeyGroupRange
 from dstl_client.state.backend import DEFAULT_CACHE_ROWS
 
+#: how a task reports a materialization whose process exited before it ended (the
+#: driver then lets the next round's tasks wait for theirs: see ``MaterializationSchedule``)
+MAT_PROCESS_EXITED = "the materialization's process exited before it finished"
+
 
 @dataclass(frozen=True, slots=True)
 class BatchPlan:

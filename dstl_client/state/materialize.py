@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 from dstl_client.client import ChangelogClient, ChangelogWriter
-from dstl_client.coordinator.messages import BatchPlan, MatResult
+from dstl_client.coordinator.messages import MAT_PROCESS_EXITED, BatchPlan, MatResult
 from dstl_client.coordinator.records import NO_BATCH
 from dstl_client.core.errors import DstlError
 from dstl_client.core.handle import ChangelogHandle
@@ -239,8 +239,7 @@ class TaskMaterialization:
                 if record.status == RUNNING or record.outcome is None:
                     self.report = MatOutcome(
                         batch=record.batch,
-                        error="the materialization stopped before it finished "
-                        "(the process running it exited)",
+                        error=MAT_PROCESS_EXITED,
                     )
                 else:
                     self.report = record.outcome
@@ -268,8 +267,8 @@ class TaskMaterialization:
                 return
             self.report = MatOutcome(
                 batch=wanted,
-                error=f"the materialization of batch {wanted} is not running in this store "
-                "(the process running it exited, or the store was rebuilt)",
+                error=f"{MAT_PROCESS_EXITED}, or the store was rebuilt "
+                f"(batch {wanted} is not materializing here)",
             )
         finally:
             if claim is not None:

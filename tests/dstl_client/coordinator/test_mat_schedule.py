@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dstl_client.coordinator.batches import MaterializationFailed, MaterializationSchedule
-from dstl_client.coordinator.messages import BatchPlan, MatResult, TaskResult
+from dstl_client.coordinator.messages import MAT_PROCESS_EXITED, BatchPlan, MatResult, TaskResult
 from dstl_client.coordinator.records import NO_BATCH
 from dstl_client.keygroups import key_group_range_for_operator
 
@@ -140,3 +140,27 @@ def test_a_round_not_finished_in_time_fails_and_a_rescale_abandons_one() -> None
     # results at the new parallelism carry nothing for the abandoned round
     res = s.accepted(plan(4, 3, False, NO_BATCH), [result(4, 0, 3, 2)])
     assert res[0].mat is None
+
+
+def test_after_a_process_exit_the_next_rounds_wait_inside_their_batch() -> None:
+    clock = Clock()
+    s = MaterializationSchedule(clock)
+    assert s.wait_s(0.0, 600.0) == 0.0
+    clock.now += 1
+    assert s.plan(1, 2, 0, 600) == (True, 1)
+    res = s.accepted(
+        plan(2, 2, True, 1),
+        [result(2, 0, 2, 1), result(2, 1, 2, 1, error=MAT_PROCESS_EXITED)],
+    )
+    assert s.completed(res) is False
+    assert s.wait_s(0.0, 600.0) == 600.0  # tasks wait for theirs
+    # another kind of failure does not change that; a completed round ends it
+    assert s.plan(2, 2, 0, 600) == (True, 2)
+    res = s.accepted(
+        plan(3, 2, True, 2), [result(3, 0, 2, 2), result(3, 1, 2, 2, error="UNAVAILABLE")]
+    )
+    assert s.completed(res) is False and s.wait_s(0.0, 600.0) == 600.0
+    assert s.plan(3, 2, 0, 600) == (True, 3)
+    res = s.accepted(plan(4, 2, True, 3), [result(4, 0, 2, 3), result(4, 1, 2, 3)])
+    assert s.completed(res) is True
+    assert s.wait_s(0.0, 600.0) == 0.0
