@@ -78,6 +78,8 @@ class WriterLog:
         self.active_sqn = INITIAL_SQN
         self.active: dict[int, list[PackedChanges]] = {}
         self.active_bytes = 0
+        #: parts in the active changeset (its ``nparts``, known at rollover)
+        self.active_parts = 0
         self.not_uploaded: dict[int, Changeset] = {}
         self.uploading: dict[int, UploadTask] = {}
         self.uploaded: dict[int, HandleEntry] = {}
@@ -111,19 +113,37 @@ class WriterLog:
             )
 
     def append(self, key_group: int, packed: PackedChanges) -> None:
-        parts = self.active.get(key_group)
-        if parts is None:
-            self.active[key_group] = [packed]
-        else:
-            parts.append(packed)
-        self.active_bytes += packed.nbytes + PART_OVERHEAD_BYTES
+        self.append_parts([(key_group, packed)], packed.nbytes)
+
+    def append_parts(self, parts: list[tuple[int, PackedChanges]], nbytes: int) -> None:
+        """Append validated parts (key group, changes) holding ``nbytes`` of sizes and payload.
+
+        One call per request: the sizes are counted once, by the caller, so
+        the changeset's size is known without a pass over its parts.
+        """
+        active = self.active
+        for kg, packed in parts:
+            group = active.get(kg)
+            if group is None:
+                active[kg] = [packed]
+            else:
+                group.append(packed)
+        self.active_parts += len(parts)
+        self.active_bytes += nbytes + PART_OVERHEAD_BYTES * len(parts)
 
     def rollover(self) -> int:
         """Close the active changeset; return the new boundary SQN."""
         if self.active:
-            self.not_uploaded[self.active_sqn] = Changeset(self.active_sqn, self.active)
+            nparts = self.active_parts
+            self.not_uploaded[self.active_sqn] = Changeset(
+                self.active_sqn,
+                self.active,
+                _nbytes=self.active_bytes - PART_OVERHEAD_BYTES * nparts,
+                _nparts=nparts,
+            )
             self.active = {}
             self.active_bytes = 0
+            self.active_parts = 0
             self.active_sqn += 1
         return self.active_sqn
 
@@ -186,6 +206,7 @@ class WriterLog:
         freed = self.active_bytes + sum(held_bytes(cs) for cs in self.not_uploaded.values())
         self.active = {}
         self.active_bytes = 0
+        self.active_parts = 0
         self.not_uploaded.clear()
         self.uploaded.clear()
         return freed

@@ -32,6 +32,18 @@ from dstl_server.uploads import Uploads, UploadTask
 log = logging.getLogger(__name__)
 
 _MAX_KEY_GROUP = 1 << 24
+_u32 = int.from_bytes
+
+
+def _check_part(kg: int, packed: PackedChanges, limit: int) -> None:
+    """The full check of one part (typed errors); the one-change part has a fast path."""
+    try:
+        check_packed(packed, limit)
+    except ValueError as exc:
+        cls = ChangeTooLarge if "exceeds the limit" in str(exc) else InvalidArgument
+        raise cls(f"key group {kg}: {exc}") from None
+    if not packed.count:
+        raise InvalidArgument(f"key group {kg}: a part must hold at least one change")
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +176,10 @@ class LogRegistry:
     ) -> int:
         """Append a call's parts (all or nothing) in its turn; return their SQN."""
         wl = self.get(log_id)
+        if not seq:  # unordered (a Session stream's order is its own): no turn to take
+            if not parts:
+                raise InvalidArgument("empty append batch")
+            return await self._append(log_id, parts)
         async with self.order.turn(wl, session, seq, parts):
             if not parts:
                 raise InvalidArgument("empty append batch")
@@ -172,6 +188,8 @@ class LogRegistry:
 
     async def last_appended_sqn(self, log_id: str, *, session: int = 0, seq: int = 0) -> int:
         wl = self.get(log_id)
+        if not seq:
+            return self._open(log_id).rollover()
         async with self.order.turn(wl, session, seq):
             return self._open(log_id).rollover()
 
@@ -209,6 +227,10 @@ class LogRegistry:
         a task of its own, so the stream's later requests go on meanwhile.
         """
         wl = self.get(log_id)
+        if not seq:
+            if parts:
+                await self._append(log_id, parts)
+            return self._begin_persist(log_id, after)
         async with self.order.turn(wl, session, seq, parts):
             if parts:
                 with self.order.changes_land(wl, session, seq, parts):
@@ -217,6 +239,9 @@ class LogRegistry:
 
     async def truncate(self, log_id: str, before: int, *, session: int = 0, seq: int = 0) -> None:
         wl = self.get(log_id)
+        if not seq:
+            self.budget.release(self._open(log_id).truncate(before))
+            return
         async with self.order.turn(wl, session, seq):
             self.budget.release(self._open(log_id).truncate(before))
 
@@ -231,38 +256,43 @@ class LogRegistry:
         if not parts:
             raise InvalidArgument("empty append batch")
         batches: list[tuple[int, PackedChanges]] = []
-        nbytes = 0
+        add = batches.append
+        nbytes = 0  # sizes + payload
         count = 0
         limit = self.settings.max_change_bytes
         first_kg, last_kg = wl.key_group_range
         for part in parts:
+            # each field read once: a bytes field of a request is a new object per read
             kg = part.key_group
-            packed = PackedChanges(part.count, part.sizes, part.payload)
+            n = part.count
+            sizes = part.sizes
+            payload = part.payload
             if not first_kg <= kg <= last_kg:
                 wl.check_key_group(kg)  # raises, with the message
-            try:
-                check_packed(packed, limit)
-            except ValueError as exc:
-                cls = ChangeTooLarge if "exceeds the limit" in str(exc) else InvalidArgument
-                raise cls(f"key group {kg}: {exc}") from None
-            if not packed.count:
-                raise InvalidArgument(f"key group {kg}: a part must hold at least one change")
-            batches.append((kg, packed))
-            nbytes += len(packed.sizes) + len(packed.payload)
-            count += packed.count
-        nbytes += PART_OVERHEAD_BYTES * len(batches)
-        if self.budget.over:
+            size = len(payload)
+            if not (
+                n == 1 and len(sizes) == 4 and _u32(sizes, "little") == size and size <= limit
+            ):  # anything but the usual one-change part: the full check
+                _check_part(kg, PackedChanges(n, sizes, payload), limit)
+            add((kg, PackedChanges(n, sizes, payload)))
+            nbytes += len(sizes) + size
+            count += n
+        charged = nbytes + PART_OVERHEAD_BYTES * len(batches)
+        budget = self.budget
+        if budget.over:
             self.metrics.backpressure_waits.inc()
-        await self.budget.acquire(nbytes)
-        if wl.closed:  # closed while we waited for memory
-            self.budget.release(nbytes)
-            wl.check_open()
-        for kg, packed in batches:
-            wl.append(kg, packed)
+            await budget.acquire(charged)
+            if wl.closed:  # closed while we waited for memory
+                budget.release(charged)
+                wl.check_open()
+        else:
+            budget.take(charged)  # room: no wait, no await
+        wl.append_parts(batches, nbytes)
         sqn = wl.active_sqn  # before a pre-emptive upload closes the changeset
-        self.metrics.appended_bytes.inc(nbytes - PART_OVERHEAD_BYTES * len(batches))
-        self.metrics.appended_changes.inc(count)
-        self.metrics.append_requests.inc()
+        metrics = self.metrics
+        metrics.appended_bytes.inc(nbytes)
+        metrics.appended_changes.inc(count)
+        metrics.append_requests.inc()
         threshold = self.settings.preemptive_persist_threshold
         if threshold and wl.active_bytes >= threshold:
             self.uploads.preempt(wl)

@@ -111,6 +111,12 @@ def _unary(
 
 #: room left in a ReadChanges message for everything but sizes and payload
 RESPONSE_MARGIN_BYTES = 32 << 10
+#: upper bounds of an encoded PersistResponse beyond its strings: the message
+#: and handle framing with every number field at its widest (10-byte varints),
+#: and per entry its framing and numbers; a string adds at most 4 bytes per
+#: character (UTF-8)
+_HANDLE_FIXED_BOUND = 128
+_ENTRY_FIXED_BOUND = 72
 
 
 class ChangelogService(pb_grpc.ChangelogServicer):
@@ -252,6 +258,21 @@ class ChangelogService(pb_grpc.ChangelogServicer):
                 f"({self._max_response_bytes}); truncate the log or persist from a later SQN"
             )
         return response
+
+    def session_persist_answer(
+        self, rid: int, handle: ChangelogHandle, after: int
+    ) -> pb.SessionResponse:
+        """A persist's answer on a Session stream: the handle built once, in the answer itself.
+
+        Refused like :meth:`persist_response` when the handle does not fit in a
+        message (that check, exact, runs only when a cheap bound says it may not).
+        """
+        bound = _HANDLE_FIXED_BOUND + 4 * (len(handle.job_id) + len(handle.log_id))
+        for e in handle.entries:
+            bound += 4 * len(e.object_key) + _ENTRY_FIXED_BOUND
+        if bound > self._max_response_bytes:
+            self.persist_response(handle, after)  # raises if it really does not fit
+        return pb.SessionResponse(id=rid, handle=handle.to_proto())
 
     @_unary
     async def Truncate(

@@ -90,14 +90,17 @@ class SessionStream:
         """Serve requests until the client half-closes; then answer the waiting persists."""
         from dstl_server.service import _check_decoded
 
-        ctx = self._ctx
+        read = self._ctx.read
+        handle = self._handle
+        eof = grpc.aio.EOF
         try:
             while True:
-                req = await ctx.read()
-                if req is grpc.aio.EOF:
+                req = await read()
+                if req is eof:
                     break
-                _check_decoded(req)  # bytes that do not decode: the stream ends
-                await self._handle(req)
+                if type(req) is not pb.SessionRequest:
+                    _check_decoded(req)  # bytes that do not decode: the stream ends
+                await handle(req)
             while self._persists:
                 await asyncio.wait(set(self._persists))
         finally:
@@ -199,8 +202,7 @@ class SessionStream:
         try:
             try:
                 handle = await self._registry.await_handle(pending)
-                proto = self._service.persist_response(handle, pending.after).handle
-                out = pb.SessionResponse(id=rid, handle=proto)
+                out = self._service.session_persist_answer(rid, handle, pending.after)
             except DstlError as exc:
                 out = self._error_response(rid, exc)
             except Exception as exc:  # a bug: the client sees an untyped error

@@ -61,6 +61,13 @@ class MemoryBudget:
         self._add(nbytes)
         return waited
 
+    def take(self, nbytes: int) -> None:
+        """Account ``nbytes`` now, without waiting: for a caller that found room (not ``over``).
+
+        What :meth:`acquire` does when there is room, without a coroutine.
+        """
+        self._add(nbytes)
+
     def release(self, nbytes: int) -> None:
         if not nbytes:
             return

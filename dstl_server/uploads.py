@@ -9,6 +9,7 @@ the writer and frees the budget.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -23,6 +24,7 @@ from dstl_client.core.errors import (
     UploadFailed,
 )
 from dstl_client.core.format import (
+    BuiltObject,
     Changeset,
     EncodedSection,
     build_object,
@@ -41,6 +43,14 @@ log = logging.getLogger(__name__)
 
 #: objects of at most this size are encoded on the event loop (no thread hop)
 _INLINE_ENCODE_BYTES = 256 * 1024
+#: a persist's section of at most this size is encoded when it is queued, on
+#: the loop, while the flush waits for the job's other writers (up to
+#: _INLINE_BUILD_BYTES queued): a flush then only joins sections, and the
+#: encoding is off the critical path of every persist
+_EARLY_ENCODE_BYTES = 256 * 1024
+#: an object whose sections are all encoded is joined on the loop up to this
+#: size (one copy, well under a millisecond), in a worker thread beyond
+_INLINE_BUILD_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(slots=True, eq=False)
@@ -60,6 +70,9 @@ class UploadTask:
     changesets: list[Changeset]
     preemptive: bool
     future: asyncio.Future[HandleEntry] = field(repr=False)
+    _nbytes: int = field(default=-1, repr=False)
+    #: the section, once encoded (its changesets are closed: they never change)
+    _encoded: EncodedSection | None = field(default=None, repr=False)
 
     @property
     def end_sqn(self) -> int:
@@ -68,15 +81,24 @@ class UploadTask:
 
     @property
     def nbytes(self) -> int:
-        """Data bytes of the section's changes (its share of the object)."""
-        return sum(cs.nbytes for cs in self.changesets)
+        """Data bytes of the section's changes (its share of the object; counted once)."""
+        if self._nbytes < 0:
+            self._nbytes = sum(cs.nbytes for cs in self.changesets)
+        return self._nbytes
 
     @property
     def first_sqn(self) -> int:
         return self.changesets[0].sqn
 
+    @property
+    def encoded(self) -> bool:
+        return self._encoded is not None
+
     def encode(self) -> EncodedSection:
-        return encode_log_section(self.log.log_id_bytes, self.changesets, self.end_sqn)
+        """The log section (encoded on first use, then kept until the task is dropped)."""
+        if self._encoded is None:
+            self._encoded = encode_log_section(self.log.log_id_bytes, self.changesets, self.end_sqn)
+        return self._encoded
 
 
 class Uploads:
@@ -305,9 +327,16 @@ class BatchingScheduler:
             return
         for task in tasks:
             self._queue.append(task)
-            self._queued_bytes += task.nbytes
+            nbytes = task.nbytes
+            self._queued_bytes += nbytes
             if isinstance(task, UploadTask) and not task.preemptive:
                 self._persisting.add(task.log.log_id)
+                # a persist's small section is encoded now, in its call, while the
+                # flush waits for the others; not a pre-emptive one (pressure relief
+                # starts many at once) nor once the next object is large anyway
+                if nbytes <= _EARLY_ENCODE_BYTES and self._queued_bytes <= _INLINE_BUILD_BYTES:
+                    with contextlib.suppress(Exception):  # a failure shows at the flush
+                        task.encode()
         if sender and (sender in self._children or len(self._children) < MAX_TRACKED_CHILDREN):
             self._children[sender] = 0
             self._arrived.add(sender)
@@ -356,21 +385,34 @@ class BatchingScheduler:
         nbytes = sum(t.nbytes for t in tasks)
         self.metrics.in_flight_bytes.inc(nbytes)
         try:
-            if nbytes <= _INLINE_ENCODE_BYTES:
-                sections = _encode(tasks)
-            else:
-                sections = await asyncio.to_thread(_encode, tasks)
+            # sections queued small are encoded already; what is left (large
+            # sections) is encoded in a worker thread, past a size on the loop
+            left = sum(t.nbytes for t in tasks if isinstance(t, UploadTask) and not t.encoded)
+            forwarder = self.forwarder
             placed = None
-            if self.forwarder is not None and self.forwarder.wants(_size(sections)):
-                placed = await self.forwarder.forward(self.job_id, sections)
-            uploaded = placed is None
-            if placed is None:
-                async with self.upload_slots:
-                    if nbytes <= _INLINE_ENCODE_BYTES:
-                        built = build_object(sections)
-                    else:
-                        built = await asyncio.to_thread(build_object, sections)
+            uploaded = True  # False: the parent placed the sections in its object
+            if forwarder is None and left > _INLINE_ENCODE_BYTES:
+                async with self.upload_slots:  # encoded and built in one thread hop
+                    built = await asyncio.to_thread(_encode_and_build, tasks)
                     placed = (await self.uploader.upload(self.job_id, built.data), built.placements)
+            else:
+                if left > _INLINE_ENCODE_BYTES:
+                    sections = await asyncio.to_thread(_encode, tasks)
+                else:
+                    sections = _encode(tasks)
+                if forwarder is not None and forwarder.wants(_size(sections)):
+                    placed = await forwarder.forward(self.job_id, sections)
+                    uploaded = placed is None
+                if placed is None:
+                    async with self.upload_slots:
+                        if _size(sections) <= _INLINE_BUILD_BYTES:
+                            built = build_object(sections)
+                        else:
+                            built = await asyncio.to_thread(build_object, sections)
+                        placed = (
+                            await self.uploader.upload(self.job_id, built.data),
+                            built.placements,
+                        )
         except Exception as exc:
             err = exc if isinstance(exc, DstlError) else None
             reason = err.message if err else repr(exc)
@@ -429,6 +471,11 @@ Queued = UploadTask | ForwardedSection
 
 def _encode(tasks: Sequence[Queued]) -> list[EncodedSection]:
     return [t.encode() for t in tasks]
+
+
+def _encode_and_build(tasks: Sequence[Queued]) -> BuiltObject:
+    """The object of ``tasks`` (a worker thread's one hop for a large flush)."""
+    return build_object(_encode(tasks))
 
 
 def _size(sections: Sequence[EncodedSection]) -> int:
