@@ -51,6 +51,11 @@ _EARLY_ENCODE_BYTES = 256 * 1024
 #: an object whose sections are all encoded is joined on the loop up to this
 #: size (one copy, well under a millisecond), in a worker thread beyond
 _INLINE_BUILD_BYTES = 4 * 1024 * 1024
+#: a section larger than this is bulk (a materialization's part, pressure
+#: relief): a flush that also holds a persist's smaller sections uploads the
+#: bulk ones in an object of their own, and a bulk object waits for a bulk
+#: slot, so a persist never waits for a large upload it is not part of
+BULK_SECTION_BYTES = 1 << 20
 
 
 @dataclass(slots=True, eq=False)
@@ -135,6 +140,8 @@ class Uploads:
         self._open_writers = open_writers
         self._schedulers: dict[str, BatchingScheduler] = {}
         self._slots = asyncio.Semaphore(settings.max_concurrent_uploads)
+        # bulk objects leave one upload slot to the others (when there are two or more)
+        self._bulk_slots = asyncio.Semaphore(max(1, settings.max_concurrent_uploads - 1))
         self.running: set[UploadTask] = set()
 
     def _scheduler(self, job_id: str) -> BatchingScheduler:
@@ -147,6 +154,7 @@ class Uploads:
                 size_threshold=s.batch_size_threshold,
                 uploader=self.uploader,
                 upload_slots=self._slots,
+                bulk_slots=self._bulk_slots,
                 metrics=self.metrics,
                 open_writers=lambda: self._open_writers(job_id),
                 forwarder=self.forwarder,
@@ -264,7 +272,11 @@ class BatchingScheduler:
     forgotten because one delayed flush held only a straggler's section;
     at most ``MAX_TRACKED_CHILDREN`` are known per job. Flushed
     objects are uploaded concurrently, at most ``upload_slots`` at a time
-    (shared by every job on the node). The queue also takes sections child
+    (shared by every job on the node). A flush that holds a persist's small
+    sections and bulk sections (larger than :data:`BULK_SECTION_BYTES`)
+    uploads them as two objects, the small one first; an object of more than
+    that size also takes one of ``bulk_slots`` (one fewer than the upload
+    slots), so bulk uploads never hold every upload slot. The queue also takes sections child
     nodes forwarded (:class:`ForwardedSection`, already encoded); with a
     ``forwarder`` (this node has a parent) a flush below its threshold goes
     to the parent first and is uploaded here only if that fails.
@@ -285,6 +297,7 @@ class BatchingScheduler:
         uploader: Uploader,
         upload_slots: asyncio.Semaphore,
         metrics: ServerMetrics,
+        bulk_slots: asyncio.Semaphore | None = None,
         open_writers: Callable[[], int],
         forwarder: ParentForwarder | None = None,
     ) -> None:
@@ -294,6 +307,7 @@ class BatchingScheduler:
         self.size_threshold = size_threshold
         self.uploader = uploader
         self.upload_slots = upload_slots
+        self.bulk_slots = bulk_slots
         self.metrics = metrics
         self._open_writers = open_writers
         self._queue: list[Queued] = []
@@ -377,12 +391,19 @@ class BatchingScheduler:
         self._persisting.clear()
         self._arrived.clear()
         self.metrics.flushes.labels(trigger).inc()
-        t = asyncio.get_running_loop().create_task(self._upload(tasks))
-        self._running.add(t)
-        t.add_done_callback(self._running.discard)
+        loop = asyncio.get_running_loop()
+        for group in split_bulk(tasks):
+            t = loop.create_task(self._upload(group))
+            self._running.add(t)
+            t.add_done_callback(self._running.discard)
 
     async def _upload(self, tasks: list[Queued]) -> None:
         nbytes = sum(t.nbytes for t in tasks)
+        bulk = self.bulk_slots if nbytes > BULK_SECTION_BYTES else None
+        async with bulk or contextlib.nullcontext():
+            await self._upload_object(tasks, nbytes)
+
+    async def _upload_object(self, tasks: list[Queued], nbytes: int) -> None:
         self.metrics.in_flight_bytes.inc(nbytes)
         try:
             # sections queued small are encoded already; what is left (large
@@ -471,6 +492,16 @@ Queued = UploadTask | ForwardedSection
 
 def _encode(tasks: Sequence[Queued]) -> list[EncodedSection]:
     return [t.encode() for t in tasks]
+
+
+def split_bulk(tasks: list[Queued]) -> list[list[Queued]]:
+    """The objects of one flush: one, or the persists' small sections then the bulk ones."""
+    small = [t for t in tasks if t.nbytes <= BULK_SECTION_BYTES]
+    if len(small) == len(tasks) or not any(
+        isinstance(t, UploadTask) and not t.preemptive for t in small
+    ):
+        return [tasks]
+    return [small, [t for t in tasks if t.nbytes > BULK_SECTION_BYTES]]
 
 
 def _encode_and_build(tasks: Sequence[Queued]) -> BuiltObject:

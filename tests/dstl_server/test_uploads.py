@@ -21,7 +21,13 @@ from dstl_server.forwarder import ForwardedSection
 from dstl_server.log import PART_OVERHEAD_BYTES, WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.throttle import MemoryBudget
-from dstl_server.uploads import FORGET_AFTER_MISSES, BatchingScheduler, Uploads, UploadTask
+from dstl_server.uploads import (
+    BULK_SECTION_BYTES,
+    FORGET_AFTER_MISSES,
+    BatchingScheduler,
+    Uploads,
+    UploadTask,
+)
 from tests.fakes import MemoryUploader, sample, settings, settle
 
 # ---------------------------------------------------------------- lifecycle
@@ -630,3 +636,91 @@ async def test_drain_times_out_on_a_stuck_upload() -> None:
     up.gate.set()  # let the upload task end before the loop closes
     await asyncio.wait_for(t.future, 5)
     assert await sch.drain(1.0) is True
+
+
+# ------------------------------------------------------------- bulk sections
+
+
+class BulkGatedUploader(MemoryUploader):
+    """Holds uploads of objects larger than a bulk section until :attr:`bulk_gate` opens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bulk_gate = asyncio.Event()
+        self.bulk_started = 0
+
+    async def upload(self, job_id: str, data: bytes) -> str:
+        if len(data) > BULK_SECTION_BYTES:
+            self.bulk_started += 1
+            self._moved()
+            await self.bulk_gate.wait()
+        return await super().upload(job_id, data)
+
+
+@pytest.mark.asyncio
+async def test_a_persist_does_not_wait_for_a_bulk_section_in_its_flush() -> None:
+    up = BulkGatedUploader()
+    sch = scheduler(up, writers=2, threshold=64 << 20)
+    mat = make_task(
+        WriterLog("job", "op.mat", (0, 0)), b"M" * (BULK_SECTION_BYTES + 1), preemptive=True
+    )
+    small = make_task(WriterLog("job", "op", (1, 1)), b"changes of a checkpoint")
+    sch.submit(mat)
+    sch.submit(small)
+    sch.flush("delay")
+    # the small persist's object is uploaded while the bulk one is held
+    entry = await asyncio.wait_for(small.future, 5)
+    assert check_entry(up, small, entry) == b"changes of a checkpoint"
+    await up.until(lambda: up.bulk_started == 1)
+    assert not mat.future.done()  # held: the persist did not wait for it
+    up.bulk_gate.set()
+    bulk_entry = await asyncio.wait_for(mat.future, 5)
+    assert bulk_entry.object_key != entry.object_key
+    assert check_entry(up, mat, bulk_entry) == b"M" * (BULK_SECTION_BYTES + 1)
+
+
+@pytest.mark.asyncio
+async def test_without_a_persist_a_flush_stays_one_object() -> None:
+    up = MemoryUploader()
+    sch = scheduler(up, writers=3, threshold=64 << 20)
+    big = make_task(WriterLog("job", "a", (0, 0)), b"B" * (BULK_SECTION_BYTES + 1), preemptive=True)
+    little = make_task(WriterLog("job", "b", (1, 1)), b"b", preemptive=True)
+    sch.submit(big)
+    sch.submit(little)
+    sch.flush("delay")
+    e1, e2 = await asyncio.wait_for(asyncio.gather(big.future, little.future), 5)
+    assert e1.object_key == e2.object_key and up.calls == 1
+
+
+@pytest.mark.asyncio
+async def test_bulk_uploads_leave_an_upload_slot_to_persists() -> None:
+    up = BulkGatedUploader()
+    slots, bulk = asyncio.Semaphore(2), asyncio.Semaphore(1)
+    sch = BatchingScheduler(
+        "job",
+        persist_delay_s=60.0,
+        size_threshold=64 << 20,
+        uploader=up,
+        upload_slots=slots,
+        bulk_slots=bulk,
+        metrics=ServerMetrics(),
+        open_writers=lambda: 3,
+    )
+    bulks = [
+        make_task(
+            WriterLog("job", f"m{i}", (i, i)), b"M" * (BULK_SECTION_BYTES + 1), preemptive=True
+        )
+        for i in range(2)
+    ]
+    for t in bulks:  # two flushes of bulk sections only
+        sch.submit(t)
+        sch.flush("size")
+    await up.until(lambda: up.bulk_started == 1)
+    small = make_task(WriterLog("job", "op", (5, 5)), b"persist")
+    sch.submit(small)
+    sch.flush("delay")
+    await asyncio.wait_for(small.future, 5)  # the second slot was free for it
+    assert up.bulk_started == 1  # the second bulk object waits for the bulk slot
+    up.bulk_gate.set()
+    await asyncio.wait_for(asyncio.gather(*(t.future for t in bulks)), 5)
+    assert up.bulk_started == 2
