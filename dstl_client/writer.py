@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import secrets
 import threading
+from array import array
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,9 @@ from dstl_client._stream import WriterStream
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import (
     CallLost,
+    ChangeTooLarge,
     DstlError,
+    InvalidArgument,
     ShuttingDown,
     SidecarUnavailable,
     UploadFailed,
@@ -164,6 +167,53 @@ class ChangelogWriter:
                     self._send_locked()  # the request would outgrow max_message_bytes
                 buf.add(kg, data)
                 if buf.nbytes >= limit or buf.parts >= MAX_PARTS_PER_REQUEST:
+                    self._send_locked()
+
+    def append_packed(self, key_group: int, sizes: array[int], payload: bytes) -> None:
+        """Buffer a run of changes of one key group, packed: the same as ``append`` of each.
+
+        ``sizes`` (an ``array("I")``) holds the changes' sizes in order and
+        ``payload`` their bytes back to back (as ``KeyGroupChanges`` carries
+        them), so a caller that encodes many changes at once (a snapshot
+        upload) costs a few C-level operations per run instead of a call per
+        change. The run is checked as a whole before anything is buffered
+        (key group, each size against the limit, sizes adding up to the
+        payload); a run too large for one request is split between changes.
+        """
+        count = len(sizes)
+        if sizes.typecode != "I" or sum(sizes) != len(payload):
+            raise InvalidArgument(
+                f"sizes ({count} changes, {sum(sizes)} bytes) do not describe "
+                f"a payload of {len(payload)} bytes"
+            )
+        buf = self._buffer
+        with self._lock:
+            self._check_open()
+            if not count:
+                buf.check(key_group, 0)
+                return
+            buf.check(key_group, max(sizes))
+            if type(payload) is not bytes:  # kept by reference until sent
+                payload = bytes(payload)
+            limit = self.client.batch_bytes
+            room = self._room
+            start = 0
+            offset = 0
+            while start < count:
+                # as in append: a change fits while nbytes + framing + its size <= room
+                end, nbytes = _fit(sizes, start, room + 4 - buf.nbytes - buf.framing)
+                if end == start:  # not even one more change fits: send, then it does
+                    if not buf.count:  # pragma: no cover - max_change_bytes <= room
+                        raise ChangeTooLarge(f"a change does not fit in a request of {room}")
+                    self._send_locked()
+                    continue
+                if start == 0 and end == count:
+                    buf.add_packed(key_group, sizes, payload)
+                else:
+                    buf.add_packed(key_group, sizes[start:end], payload[offset : offset + nbytes])
+                start = end
+                offset += nbytes
+                if buf.nbytes >= limit or buf.parts >= MAX_PARTS_PER_REQUEST or start < count:
                     self._send_locked()
 
     def _next_seq(self) -> int:
@@ -344,6 +394,23 @@ class ChangelogWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _fit(sizes: array[int], start: int, free: int) -> tuple[int, int]:
+    """``(end, payload bytes)``: the most changes from ``start`` on whose size and
+    4-byte length fit in ``free`` bytes (``end == start`` when none does)."""
+    rest = sizes[start:] if start else sizes
+    total = sum(rest) + 4 * len(rest)
+    if total <= free:
+        return len(sizes), total - 4 * len(rest)
+    used = 0
+    end = start
+    for size in rest:
+        if used + size + 4 > free:
+            break
+        used += size + 4
+        end += 1
+    return end, used - 4 * (end - start)
 
 
 def _outcome_unknown(exc: BaseException) -> bool:

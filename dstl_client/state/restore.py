@@ -16,11 +16,16 @@ the keyed backend):
 * a chunk's reads (one ``ReadChanges`` stream per part and per tail segment,
   restricted to the chunk's key groups) run on :data:`READ_THREADS` threads,
   and the next chunk's reads start while this one is applied;
+* the tail's reads are queued first (a tail of many checkpoints is most of
+  the reads), and each tail segment is folded in, in batch order, as soon as
+  it arrives, while the sidecar serves the next ones: as long as a key
+  group's tail holds only PUTs (the usual case) only the last value of each
+  row is kept, so changes superseded later in the tail cost a dict store;
 * each key group's part rows are decoded straight from the packed payload;
-  a key group with a tail is rebuilt in memory (its part rows, then every
-  change of the tail applied in order: the last write of a row wins, deletes,
-  map clears and list appends as the backend applies them) and written once;
-  one without a tail is written as read;
+  a key group with a tail is rebuilt in memory (its part rows updated with
+  the folded PUTs; from a key group's first other change on, the rest of its
+  tail applied in order: deletes, map clears and list appends as the backend
+  applies them) and written once; one without a tail is written as read;
 * the rows of a chunk go into SQLite on a writer thread (``executemany``
   releases the GIL) while the next chunk is decoded.
 
@@ -191,11 +196,11 @@ class _KgRows:
         self.rows: dict[bytes, bytes] = dict(rows)
         self.index: list[bytes] | None = None
 
-    def apply(self, view: ChangesetView) -> None:
+    def apply(self, view: ChangesetView, first: int = 0, pos: int = 0) -> None:
+        """Apply the view's changes from its ``first`` one on (at byte ``pos``)."""
         rows = self.rows
         payload = view.payload
-        pos = 0
-        for size in struct.unpack(f"<{view.count}I", view.sizes):
+        for size in struct.unpack_from(f"<{view.count - first}I", view.sizes, 4 * first):
             end = pos + size
             if size >= 2 and payload[pos] == OP_PUT and payload[pos + 1] < 0x80:
                 ks = pos + 2
@@ -234,6 +239,70 @@ class _KgRows:
             del self.index[lo:hi]
 
 
+def _fold_puts(latest: dict[bytes, bytes], view: ChangesetView) -> tuple[int, int]:
+    """Fold the view's leading PUTs into ``latest`` (a later PUT of a row replaces it).
+
+    Returns ``(changes folded, their bytes)``: ``view.count`` and the payload's
+    length when every change was a PUT (of a key shorter than 128 bytes), else
+    the index and offset of the first change that was not folded.
+    """
+    payload = view.payload
+    pos = 0
+    i = 0
+    for size in struct.unpack(f"<{view.count}I", view.sizes):
+        end = pos + size
+        if size < 2 or payload[pos] != OP_PUT or payload[pos + 1] >= 0x80:
+            return i, pos
+        ke = pos + 2 + payload[pos + 1]
+        if ke > end:
+            raise CorruptObject("state change key runs past its end")
+        latest[payload[pos + 2 : ke]] = payload[ke:end]
+        pos = end
+        i += 1
+    if pos != len(payload):
+        raise CorruptObject(f"key group {view.key_group}: sizes do not add up to the payload")
+    return i, pos
+
+
+class _KgTail:
+    """One key group's changelog tail, folded as its changesets arrive (in order).
+
+    While every change is a PUT (the usual case) only the last value of each
+    row is kept (``latest``): changes a later one supersedes cost a dict
+    store, and rebuilding is the part's rows updated with ``latest``. From
+    the first other change on, the rest of the tail is kept (``rest``, with
+    where to resume in its first changeset) and applied in order by
+    :class:`_KgRows` on top of the part's rows and ``latest``.
+    """
+
+    __slots__ = ("latest", "rest")
+
+    def __init__(self) -> None:
+        self.latest: dict[bytes, bytes] = {}
+        self.rest: list[tuple[ChangesetView, int, int]] = []
+
+    def add(self, view: ChangesetView) -> None:
+        if self.rest:
+            self.rest.append((view, 0, 0))
+            return
+        done, pos = _fold_puts(self.latest, view)
+        if done < view.count:
+            self.rest.append((view, done, pos))
+
+    def rebuild(self, part_rows: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """The key group's rows in ``k`` order: ``part_rows`` (``k`` order) with the tail applied."""
+        if not self.rest:
+            merged = dict(part_rows)
+            merged.update(self.latest)
+            # the part's keys come first, in order, then new keys: one merge for Timsort
+            return sorted(merged.items())
+        rows = _KgRows(part_rows)
+        rows.rows.update(self.latest)
+        for view, first, pos in self.rest:
+            rows.apply(view, first, pos)
+        return sorted(rows.rows.items())
+
+
 def restore_range(
     store: LocalKeyedStore,
     committed: CheckpointRecord,
@@ -267,7 +336,6 @@ def restore_range(
 
     try:
         for chunk in chunks:
-            tail_reads = [read(seg.handle, want) for seg, want in chunk.segments]
             part_reads: list[list[Future[list[ChangesetView]]]] = []
 
             def read_ahead(
@@ -277,12 +345,19 @@ def restore_range(
                     _, parts = chunk.steps[len(part_reads)]
                     part_reads.append([read(committed.parts[pid], want) for pid, want in parts])
 
+            # the tail's reads go first (the most reads: the sidecar's long pole), then
+            # the first steps' part reads; each tail segment is folded in (batch
+            # order) as soon as it arrives, and each step is rebuilt and written while
+            # the sidecar serves the next steps' part reads
+            tail_reads = [read(seg.handle, want) for seg, want in chunk.segments]
             read_ahead(READ_AHEAD)
-            # the chunk's tail: per key group, its changesets in batch, then SQN, order
-            tail_of: dict[int, list[ChangesetView]] = {}
+            tail_of: dict[int, _KgTail] = {}
             for (seg, _), fut in zip(chunk.segments, tail_reads, strict=True):
                 for view in fut.result():
-                    tail_of.setdefault(view.key_group, []).append(view)
+                    kg_tail = tail_of.get(view.key_group)
+                    if kg_tail is None:
+                        kg_tail = tail_of[view.key_group] = _KgTail()
+                    kg_tail.add(view)
                     read_bytes += len(view.payload)
                     replayed += view.count
                     changed[view.key_group] = seg.batch
@@ -299,12 +374,10 @@ def restore_range(
                 part_reads[i] = []
                 out: list[Row] = []
                 for kg in step:
-                    views = tail_of.pop(kg, None)
-                    if views is not None:
-                        merged = _KgRows(part_rows.pop(kg, ()))
-                        for view in views:
-                            merged.apply(view)
-                        out.extend((kg, k, v) for k, v in sorted(merged.rows.items()))
+                    kg_tail = tail_of.pop(kg, None)
+                    if kg_tail is not None:
+                        merged = kg_tail.rebuild(part_rows.pop(kg, ()))
+                        out.extend((kg, k, v) for k, v in merged)
                     elif kg in part_rows:
                         out.extend((kg, k, v) for k, v in part_rows.pop(kg))
                 if pending is not None:

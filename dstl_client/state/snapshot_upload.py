@@ -3,6 +3,11 @@
 The rows of each key group, read from a consistent :class:`SnapshotReader`,
 become PUT changes of that key group on a fresh writer; one persist makes
 them a part (a handle). The caller owns the reader and the writer.
+
+The rows go in batches of :data:`READ_ROWS` (``fetchmany``), each encoded
+into one packed run (:func:`~dstl_client.state.changes.pack_puts`) and
+handed to the writer whole (``append_packed``): no Python call, tuple or
+copy per row beyond SQLite's own row objects.
 """
 
 from __future__ import annotations
@@ -11,11 +16,11 @@ from dataclasses import dataclass
 
 from dstl_client.client import ChangelogWriter
 from dstl_client.core.handle import ChangelogHandle
-from dstl_client.state.changes import encode_put
+from dstl_client.state.changes import pack_puts
 from dstl_client.state.store import SnapshotReader
 
-#: changes handed to the writer per call
-APPEND_BATCH = 4096
+#: rows read from SQLite, encoded and handed to the writer per call
+READ_ROWS = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,18 +43,13 @@ def upload_snapshot(
     """
     uploaded: list[int] = []
     cleared: list[int] = []
-    pending: list[tuple[int, bytes]] = []
     for kg in kgs:
         n = 0
-        for k, v in reader.rows_of_key_group(kg):
-            pending.append((kg, encode_put(k, v)))
-            n += 1
-            if len(pending) >= APPEND_BATCH:
-                writer.append_many(pending)
-                pending = []
+        for rows in reader.row_batches(kg, READ_ROWS):
+            sizes, payload = pack_puts(rows)
+            writer.append_packed(kg, sizes, payload)
+            n += len(rows)
         (uploaded if n else cleared).append(kg)
-    if pending:
-        writer.append_many(pending)
     if not uploaded:
         return UploadedSnapshot(None, (), tuple(cleared))
     part = writer.persist_durably(after=0).result(timeout=timeout_s)

@@ -333,6 +333,15 @@ class SnapshotReader:
     def rows_of_key_group(self, kg: int) -> Iterator[tuple[bytes, bytes]]:
         yield from self._db.execute("SELECT k, v FROM kv WHERE kg = ? ORDER BY k", (kg,))
 
+    def row_batches(self, kg: int, rows: int) -> Iterator[list[tuple[bytes, bytes]]]:
+        """The rows of one key group in ``k`` order, in lists of at most ``rows`` (none empty)."""
+        cursor = self._db.execute("SELECT k, v FROM kv WHERE kg = ? ORDER BY k", (kg,))
+        try:
+            while batch := cursor.fetchmany(rows):
+                yield batch
+        finally:
+            cursor.close()
+
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
             self._db.execute("ROLLBACK")

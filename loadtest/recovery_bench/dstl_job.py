@@ -112,6 +112,9 @@ def run_dstl_job(
         state_dir=str(work / "state"),
         dstl_address=address,
         fsync=False,
+        # a materializing batch waits for its uploads: the record after it holds the
+        # materialization (tail 0), and the upload is timed inside the batch
+        materialization_wait_s=600.0,
     )
     coord = CheckpointCoordinator(config)
     coord.start()

@@ -54,7 +54,7 @@ def run_dstl(cfg: BenchConfig, work: Path, log: Callable[[str], None] = print) -
             extra_args=s3.server_args(),
             env=s3.env(),
         )
-        stack.enter_context(sidecar.start())
+        stack.enter_context(sidecar)
         log(f"SeaweedFS at {s3.endpoint_url}, dstl-server at {sidecar.address}")
         n = 0
 

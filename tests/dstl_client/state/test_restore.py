@@ -7,6 +7,8 @@ import struct
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.records import CheckpointRecord
@@ -23,7 +25,7 @@ from dstl_client.state.changes import (
     encode_list_append,
     encode_put,
 )
-from dstl_client.state.restore import _KgRows, restore_range
+from dstl_client.state.restore import _KgRows, _KgTail, restore_range
 from dstl_client.state.store import LocalKeyedStore, read_all_rows
 from dstl_server.testing import ServerProcess
 from tests.dstl_client.state._jobs import (
@@ -160,3 +162,58 @@ def test_long_keys_and_corrupt_payloads() -> None:
     with pytest.raises(CorruptObject):
         restore_mod._part_rows(0, _view([encode_delete(b"a")]), "p")
     assert restore_mod._part_rows(0, _view([encode_put(long_key, b"v")]), "p") == [(long_key, b"v")]
+
+
+_keys = st.sampled_from(
+    [b"\x01m\x01a\x00" + bytes([i]) for i in range(4)]
+    + [b"\x01l\x01a", b"\x01v\x01b", b"k" * 200, b"k" * 200 + b"\x00"]
+)
+_change = st.one_of(
+    st.builds(encode_put, _keys, st.binary(max_size=6)),
+    st.builds(encode_put, _keys, st.binary(max_size=6)),  # PUTs are the usual case
+    st.builds(encode_delete, _keys),
+    st.builds(encode_list_append, _keys, st.binary(min_size=1, max_size=3)),
+    st.builds(encode_delete_prefix, st.sampled_from([b"\x01m\x01a\x00", b"k" * 200, b"\x01"])),
+)
+
+
+@settings(max_examples=300)
+@given(
+    st.dictionaries(_keys, st.binary(max_size=4)),
+    st.lists(st.lists(_change, max_size=8), max_size=6),
+)
+def test_folded_tail_rebuilds_what_applying_every_change_gives(
+    part: dict[bytes, bytes], views: list[list[bytes]]
+) -> None:
+    part_rows = sorted(part.items())
+    want = _KgRows(part_rows)
+    tail = _KgTail()
+    for changes in views:
+        want.apply(_view(changes))
+        tail.add(_view(changes))
+    assert tail.rebuild(part_rows) == sorted(want.rows.items())
+
+
+def test_a_tail_of_puts_keeps_only_the_last_value_of_each_row() -> None:
+    tail = _KgTail()
+    tail.add(_view([encode_put(b"a", b"1"), encode_put(b"b", b"1")]))
+    tail.add(_view([encode_put(b"a", b"2")]))
+    assert tail.latest == {b"a": b"2", b"b": b"1"} and not tail.rest
+    assert tail.rebuild([(b"a", b"0"), (b"c", b"0")]) == [(b"a", b"2"), (b"b", b"1"), (b"c", b"0")]
+    # from the first other change on, the rest is kept and applied in order
+    tail.add(_view([encode_put(b"c", b"3"), encode_delete(b"a"), encode_put(b"d", b"4")]))
+    tail.add(_view([encode_put(b"a", b"5")]))
+    assert tail.latest == {b"a": b"2", b"b": b"1", b"c": b"3"}
+    assert [(first, pos) for _view_, first, pos in tail.rest] == [(1, 4), (0, 0)]
+    assert tail.rebuild([(b"e", b"0")]) == [
+        (b"a", b"5"),
+        (b"b", b"1"),
+        (b"c", b"3"),
+        (b"d", b"4"),
+        (b"e", b"0"),
+    ]
+    bad = _view([encode_put(b"a", b"1")])
+    with pytest.raises(CorruptObject):
+        _KgTail().add(ChangesetView(0, 1, 1, bad.sizes, bad.payload + b"x"))
+    with pytest.raises(CorruptObject):
+        _KgTail().add(_view([b"\x01\x05ab"]))  # key runs past the change
