@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from dstl_client.client import ChangelogClient, ChangelogWriter
+from dstl_client.coordinator.coordinator import CheckpointCoordinator
+from dstl_client.coordinator.local import LocalRunner
 from dstl_client.coordinator.messages import MAT_PROCESS_EXITED
 from dstl_client.coordinator.records import NO_BATCH
 from dstl_client.keygroups import key_group_range_for_operator
@@ -59,6 +61,22 @@ def _join_materializations() -> None:
             assert not t.is_alive(), t.name
 
 
+def _start(
+    tmp_path: Path, sidecar: ServerProcess, client: GatedClient, job_id: str
+) -> tuple[CheckpointCoordinator, LocalRunner]:
+    """A job materializing whenever none runs, its tasks never waiting for one."""
+    client.wait_ready()
+    coord = make_coordinator(
+        tmp_path,
+        sidecar.address,
+        job_id=job_id,
+        interval=0.0,
+        client=client,
+        materialization_wait_s=0.0,
+    )
+    return coord, runner(coord, 2, client)
+
+
 def _segments_per_batch(coord: Any) -> list[int]:
     return sorted({s.batch for s in coord.latest.segments})
 
@@ -68,16 +86,7 @@ def test_batches_complete_while_a_materialization_uploads(
 ) -> None:
     client = GatedClient(sidecar.address)
     with client:
-        client.wait_ready()
-        coord = make_coordinator(
-            tmp_path,
-            sidecar.address,
-            job_id="bg",
-            interval=0.0,
-            client=client,
-            materialization_wait_s=0.0,
-        )
-        run = runner(coord, 2, client)
+        coord, run = _start(tmp_path, sidecar, client, "bg")
         assert run.run_batch(0, BATCHES[0]) is not None
         # batch 1 starts the round of version 0; its tasks do not wait for it
         plan = coord.plan_batch(1, 2)
@@ -140,16 +149,7 @@ def test_a_materialization_whose_process_died_fails_its_round_and_another_follow
 ) -> None:
     client = GatedClient(sidecar.address)
     with client:
-        client.wait_ready()
-        coord = make_coordinator(
-            tmp_path,
-            sidecar.address,
-            job_id="died",
-            interval=0.0,
-            client=client,
-            materialization_wait_s=0.0,
-        )
-        run = runner(coord, 2, client)
+        coord, run = _start(tmp_path, sidecar, client, "died")
         assert run.run_batch(0, BATCHES[0]) is not None
         plan = coord.plan_batch(1, 2)
         assert plan is not None and plan.mat_round == 0
