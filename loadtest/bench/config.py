@@ -15,6 +15,10 @@ TARGET_MB_PER_S = 200.0
 TARGET_CHANGES_PER_S = 1_000_000.0
 TARGET_ADDED_P50_MS = 5.0
 TARGET_ADDED_P99_MS = 20.0
+#: server CPU per persist with TARGET_WRITERS writers (its append, persist and upload share)
+TARGET_CPU_US_PER_PERSIST = 300.0
+#: flushes per checkpoint round with TARGET_WRITERS writers
+TARGET_FLUSHES_PER_ROUND = 1.0
 TARGET_WRITERS = 64
 #: RSS counts as flat when the second half of a run peaks at most this much above the first
 FLAT_RSS_FACTOR = 1.10

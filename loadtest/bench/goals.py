@@ -10,6 +10,8 @@ from loadtest.bench.config import (
     TARGET_ADDED_P50_MS,
     TARGET_ADDED_P99_MS,
     TARGET_CHANGES_PER_S,
+    TARGET_CPU_US_PER_PERSIST,
+    TARGET_FLUSHES_PER_ROUND,
     TARGET_MB_PER_S,
     TARGET_WRITERS,
     MiB,
@@ -70,5 +72,17 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             "goal": f"< {TARGET_ADDED_P99_MS:g} ms",
             "measured": f"{biggest['added_ms']['p99']:.2f} ms",
             "pass": biggest["added_ms"]["p99"] < TARGET_ADDED_P99_MS,
+        },
+        {
+            "target": f"server CPU per persist, {w} writers{note}",
+            "goal": f"<= {TARGET_CPU_US_PER_PERSIST:g} us",
+            "measured": f"{biggest.get('server_cpu_us_per_persist', 0):.0f} us",
+            "pass": 0 < biggest.get("server_cpu_us_per_persist", 0) <= TARGET_CPU_US_PER_PERSIST,
+        },
+        {
+            "target": f"flushes per round, {w} writers{note}",
+            "goal": f"{TARGET_FLUSHES_PER_ROUND:g}",
+            "measured": f"{biggest['flushes_per_round']:g}",
+            "pass": biggest["flushes_per_round"] <= TARGET_FLUSHES_PER_ROUND,
         },
     ]

@@ -97,7 +97,9 @@ def test_targets_and_table(quick_run: tuple[subprocess.CompletedProcess[str], Pa
     report = _report(quick_run)
     proc, tmp = quick_run
     names = [t["target"] for t in report["targets"]]
-    assert names[0] == "objects per flush" and len(names) == 6
+    assert names[0] == "objects per flush" and len(names) == 8
+    assert any(n.startswith("server CPU per persist") for n in names)
+    assert any(n.startswith("flushes per round") for n in names)
     assert report["targets"][0]["pass"] is True
     for t in report["targets"]:
         verdict = "PASS" if t["pass"] else "MISS"
