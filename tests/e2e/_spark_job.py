@@ -113,6 +113,57 @@ def session(cores: str = "2") -> Any:
     return spark
 
 
+def agg_job(
+    spark: Any,
+    *,
+    input_dir: Path,
+    checkpoint_dir: Path,
+    address: str,
+    state_dir: Path,
+    out_dir: Path,
+    fn: Any = agg,
+    parallelism: int = 2,
+    job_id: str = "e2e",
+    **kw: Any,
+) -> Any:
+    """``fn``'s keyed job (``agg`` unless said) over the Parquet files of ``input_dir``,
+    one file per micro-batch, its rows to the ``out_dir`` sink; ``kw``: more options."""
+    from dstl_client.spark import process_keyed
+
+    df = (
+        spark.readStream.schema("k string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(input_dir))
+    )
+    return process_keyed(
+        df,
+        key="k",
+        fn=fn,
+        output_schema=OUTPUT_SCHEMA,
+        parallelism=parallelism,
+        max_parallelism=MAX_P,
+        checkpoint_dir=str(checkpoint_dir),
+        job_id=job_id,
+        dstl_address=address,
+        state_dir=str(state_dir),
+        sink=output_sink(out_dir),
+        **kw,
+    )
+
+
+def agg_job_in(spark: Any, tmp: Path, address: str, **kw: Any) -> Any:
+    """:func:`agg_job` with the tests' layout under ``tmp``: ``input``, ``ckpt``, ``state``, ``out``."""
+    return agg_job(
+        spark,
+        input_dir=tmp / "input",
+        checkpoint_dir=tmp / "ckpt",
+        address=address,
+        state_dir=tmp / "state",
+        out_dir=tmp / "out",
+        **kw,
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     for name in ("checkpoint-dir", "address", "state-dir", "input-dir", "out-dir"):
@@ -126,33 +177,23 @@ def main() -> int:
     p.add_argument("--metadata-s3-endpoint-url", default="")
     p.add_argument("--metadata-s3-region", default="")
     args = p.parse_args()
-    from dstl_client.spark import process_keyed
-
     on_phase = crash_at(args.crash)
     spark = session()
-    df = (
-        spark.readStream.schema("k string, v long")
-        .option("maxFilesPerTrigger", 1)
-        .parquet(args.input_dir)
-    )
-    q = process_keyed(
-        df,
-        key="k",
-        fn=agg,
-        output_schema=OUTPUT_SCHEMA,
+    q = agg_job(
+        spark,
+        input_dir=Path(args.input_dir),
+        checkpoint_dir=Path(args.checkpoint_dir),
+        address=args.address,
+        state_dir=Path(args.state_dir),
+        out_dir=Path(args.out_dir),
         parallelism=args.parallelism,
-        max_parallelism=MAX_P,
-        checkpoint_dir=args.checkpoint_dir,
         job_id=args.job_id,
         metadata_url=args.metadata_url,
         metadata_s3_endpoint_url=args.metadata_s3_endpoint_url,
         metadata_s3_region=args.metadata_s3_region,
-        dstl_address=args.address,
-        state_dir=args.state_dir,
         # nothing else of the job runs: every unreferenced object is an orphan of a crash
         orphan_grace_s=0,
         materialize_interval_s=0,
-        sink=output_sink(Path(args.out_dir)),
         on_phase=on_phase,
     )
     try:

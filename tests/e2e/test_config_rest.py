@@ -14,14 +14,11 @@ from typing import Any
 
 import pytest
 
-from dstl_client.spark import process_keyed
 from dstl_server.testing import ServerProcess
 from tests.e2e._spark_job import (
-    MAX_P,
-    OUTPUT_SCHEMA,
     agg,
+    agg_job_in,
     expected,
-    output_sink,
     read_outputs,
     write_input,
 )
@@ -44,25 +41,7 @@ def start_job(
 ) -> Any:
     """``agg``'s job on ``batches`` input files (one per micro-batch), with ``kw`` options."""
     write_input(tmp / "input", 0, batches - 1, ROWS, KEYS)
-    df = (
-        spark.readStream.schema("k string, v long")
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(tmp / "input"))
-    )
-    return process_keyed(
-        df,
-        key="k",
-        fn=fn,
-        output_schema=OUTPUT_SCHEMA,
-        parallelism=2,
-        max_parallelism=MAX_P,
-        checkpoint_dir=str(tmp / "ckpt"),
-        job_id=job_id,
-        dstl_address=sidecar.address,
-        state_dir=str(tmp / "state"),
-        sink=output_sink(tmp / "out"),
-        **kw,
-    )
+    return agg_job_in(spark, tmp, sidecar.address, fn=fn, job_id=job_id, **kw)
 
 
 def test_a_new_checkpoint_interval_switches_the_trigger_without_restarting_spark(

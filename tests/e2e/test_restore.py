@@ -21,16 +21,13 @@ from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.local import checkpoint_rows
 from dstl_client.coordinator.storage import CheckpointStorage
 from dstl_client.ops.cli import main
-from dstl_client.spark import process_keyed
 from dstl_server.testing import ServerProcess
 from tests.e2e._spark_job import (
     AGG,
-    MAX_P,
-    OUTPUT_SCHEMA,
     agg,
+    agg_job_in,
     batch_rows,
     decode_state,
-    output_sink,
     read_outputs,
     write_input,
 )
@@ -68,25 +65,14 @@ def expected(
 
 
 def run(spark: Any, tmp: Path, sidecar: ServerProcess, fn: Any, until: int, **kw: Any) -> None:
-    df = (
-        spark.readStream.schema("k string, v long")
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(tmp / "input"))
-    )
-    q = process_keyed(
-        df,
-        key="k",
+    q = agg_job_in(
+        spark,
+        tmp,
+        sidecar.address,
         fn=fn,
-        output_schema=OUTPUT_SCHEMA,
-        parallelism=2,
-        max_parallelism=MAX_P,
-        checkpoint_dir=str(tmp / "ckpt"),
         job_id="e2e-restore",
-        dstl_address=sidecar.address,
-        state_dir=str(tmp / "state"),
         retain=3,
         materialize_interval_s=0,
-        sink=output_sink(tmp / "out"),
         **kw,
     )
     try:

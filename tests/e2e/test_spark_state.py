@@ -12,19 +12,16 @@ from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.local import checkpoint_rows
 from dstl_client.coordinator.metadata import open_metadata_store
 from dstl_client.coordinator.storage import CheckpointStorage
-from dstl_client.spark import process_keyed
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3
 from tests.e2e._faults import FailAfterCommit
 from tests.e2e._harness import run_driver as run_job
 from tests.e2e._spark_job import (
-    MAX_P,
     OUTPUT_COLUMNS,
-    OUTPUT_SCHEMA,
     agg,
+    agg_job_in,
     decode_state,
     expected,
-    output_sink,
     read_outputs,
     write_input,
 )
@@ -156,23 +153,13 @@ def test_a_driver_restarted_on_a_fresh_machine_resumes_from_metadata_in_s3(
 def _start(
     spark: Any, tmp: Path, sidecar: ServerProcess, parallelism: int, fn: Any = agg, **kw: Any
 ) -> Any:
-    df = (
-        spark.readStream.schema("k string, v long")
-        .option("maxFilesPerTrigger", 1)
-        .parquet(str(tmp / "input"))
-    )
-    return process_keyed(
-        df,
-        key="k",
+    return agg_job_in(
+        spark,
+        tmp,
+        sidecar.address,
         fn=fn,
-        output_schema=OUTPUT_SCHEMA,
         parallelism=parallelism,
-        max_parallelism=MAX_P,
-        checkpoint_dir=str(tmp / "ckpt"),
         job_id=f"e2e-{tmp.name[-20:].strip('_-.') or 'job'}",
-        dstl_address=sidecar.address,
-        state_dir=str(tmp / "state"),
-        sink=output_sink(tmp / "out"),
         **kw,
     )
 
