@@ -276,8 +276,14 @@ class SparkCluster:
             _kill_group(self._master)
 
     def diagnostics(self) -> str:
-        """Log tails of the master and every worker, for a failing test's message."""
+        """Log tails of the master, every worker and the newest app's executors (INFO lines
+        dropped), for a failing test's message."""
         parts = [f"--- master\n{_tail(self.root / 'master.log')}"]
         for node in self.nodes:
             parts.append(f"--- {node.name} worker\n{_tail(node.log)}")
+            apps = sorted((node.root / "work").glob("app-*"))
+            for stderr in sorted(apps[-1].glob("*/stderr")) if apps else ():
+                lines = stderr.read_text(errors="replace").splitlines()
+                kept = "\n".join(line for line in lines if " INFO " not in line)
+                parts.append(f"--- {node.name} executor {stderr.parent.name}\n{kept[-4000:]}")
         return "\n".join(parts)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -46,6 +47,7 @@ def make_plan(
     *,
     materialize: bool,
     mat_round: int = NO_BATCH,
+    mat_round_id: str = "",
     materialization_wait_s: float | None = None,
 ) -> BatchPlan:
     """The plan every task of ``batch_id`` gets (``latest``: the last recorded checkpoint)."""
@@ -61,6 +63,7 @@ def make_plan(
         dstl_token=config.dstl_token,
         materialize=latest is not None and materialize,
         mat_round=mat_round if latest is not None else NO_BATCH,
+        mat_round_id=mat_round_id if latest is not None else "",
         materialization_wait_s=(
             config.materialization_wait_s
             if materialization_wait_s is None
@@ -96,6 +99,8 @@ class MatRound:
     batch: int
     parallelism: int
     started: float
+    #: unique per round and driver run (what tasks match their slot's record against)
+    round_id: str
     #: subtasks that have not reported their outcome yet
     pending: set[int]
     #: the errors reported so far (``subtask i: ...``)
@@ -117,8 +122,11 @@ class MaterializationSchedule:
     and a rescale abandons it (neither). The next round is due
     ``interval_s`` after the last completed one (or the start).
 
-    Invariants: at most one round at a time; a task's report is accepted only
-    for the round in flight, at its parallelism, once per subtask (anything
+    Invariants: at most one round at a time, each with an id of its own (a
+    new driver's round of the same batch is another round: the outcomes of the
+    old one, whose objects the new driver's orphan sweep may have deleted, are
+    never taken); a task's report is accepted only for the round in flight
+    (batch and id), at its parallelism, once per subtask (anything
     else is dropped from the results, so its part never enters a record and
     its objects are orphans for the sweep); the failure count is the number of
     consecutive rounds that failed, reset by one that completed.
@@ -171,11 +179,18 @@ class MaterializationSchedule:
                 [*r.errors, f"subtasks {missing}: not finished {timeout_s:g}s after it started"]
             )
         if latest_batch is not None and self.due(interval_s):
-            self.round = MatRound(latest_batch, parallelism, now, set(range(parallelism)))
+            self.round = MatRound(
+                latest_batch, parallelism, now, uuid.uuid4().hex, set(range(parallelism))
+            )
         r = self.round
         if r is None:
             return False, NO_BATCH
         return latest_batch == r.batch, r.batch
+
+    @property
+    def round_id(self) -> str:
+        """The id of the round in flight ("" if none), for the next plan."""
+        return "" if self.round is None else self.round.round_id
 
     def accepted(self, plan: BatchPlan, results: Sequence[TaskResult]) -> list[TaskResult]:
         """The results with only the reports this round takes (others dropped)."""
@@ -185,6 +200,7 @@ class MaterializationSchedule:
             takes = (
                 r is not None
                 and plan.mat_round == r.batch == res.mat_batch
+                and plan.mat_round_id == r.round_id
                 and plan.parallelism == r.parallelism
                 and res.index in r.pending
             )

@@ -373,6 +373,7 @@ class CheckpointCoordinator:
                 latest,
                 materialize=materialize,
                 mat_round=mat_round,
+                mat_round_id=self._schedule.round_id,
                 materialization_wait_s=self._schedule.wait_s(
                     cfg.materialization_wait_s, cfg.materialization_timeout_s
                 ),

@@ -52,6 +52,9 @@ class BatchPlan:
     materialize: bool = False
     #: the materialization round the driver waits for (a committed batch id), or ``NO_BATCH``
     mat_round: int = NO_BATCH
+    #: that round's id, unique per round and driver run: a slot's outcome counts only for
+    #: the round that started it (not for an earlier driver's round of the same batch)
+    mat_round_id: str = ""
     #: how long a task's finish waits for a materialization it started (0: never holds a batch)
     materialization_wait_s: float = 0.0
     #: baseline mode: materialize every key group, changed or not

@@ -11,7 +11,9 @@ the driver. The slot is how they meet, two files in the store's directory:
 * ``mat.json``: the :class:`SlotRecord`, written atomically (temporary file,
   ``fsync``, rename): ``running`` when started, then ``done`` or ``failed``
   with the outcome, written before the lock is released. A ``running`` record
-  under a free lock is a materialization whose process exited.
+  under a free lock is a materialization whose process exited. Every record
+  names the driver's round that started it; it means nothing to another
+  round (of another driver run, say), which clears it.
 
 Threads: :meth:`MaterializationSlot.claim`, :meth:`~MaterializationSlot.read`
 and :meth:`~MaterializationSlot.clear` on the task's thread while it holds the
@@ -82,15 +84,22 @@ class MatOutcome:
 
 @dataclass(frozen=True, slots=True)
 class SlotRecord:
-    """What ``mat.json`` says: the version materialized, its status, its outcome once ended."""
+    """What ``mat.json`` says: the version materialized, for which round, its status, and
+    its outcome once ended.
+
+    ``round_id`` is the driver's id of the round that started it; a record
+    without one (written before rounds had ids) matches no round.
+    """
 
     batch: int
     status: str
     outcome: MatOutcome | None = None
+    round_id: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "batch": self.batch,
+            "round": self.round_id,
             "status": self.status,
             "outcome": None if self.outcome is None else self.outcome.to_json(),
         }
@@ -101,7 +110,12 @@ class SlotRecord:
         status = str(doc["status"])
         if status not in (RUNNING, DONE, FAILED):
             raise ValueError(f"unknown status {status!r}")
-        return cls(int(doc["batch"]), status, None if o is None else MatOutcome.from_json(o))
+        return cls(
+            int(doc["batch"]),
+            status,
+            None if o is None else MatOutcome.from_json(o),
+            str(doc.get("round") or ""),
+        )
 
 
 class SlotClaim:

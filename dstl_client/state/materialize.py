@@ -86,7 +86,7 @@ class Materializer:
 
     def start(self) -> None:
         try:
-            self._slot.write(SlotRecord(self.version, RUNNING))
+            self._slot.write(SlotRecord(self.version, RUNNING, round_id=self.plan.mat_round_id))
             self._thread.start()
         except BaseException:
             self._reader.close()
@@ -150,7 +150,8 @@ class Materializer:
             dirty_kgs=len(dirty),
         )
         try:
-            self._slot.write(SlotRecord(self.version, FAILED if error else DONE, outcome))
+            status = FAILED if error else DONE
+            self._slot.write(SlotRecord(self.version, status, outcome, self.plan.mat_round_id))
         except OSError as exc:  # the next task finds "running" under a free lock: failed
             log.warning("materialization of subtask %d: outcome not saved: %s", self.index, exc)
         finally:
@@ -167,9 +168,10 @@ class TaskMaterialization:
     subtask once it has ended (done, failed, or gone because the process
     running it exited), and keeps a done outcome in the slot until the driver's
     record holds it (a batch that fails after reporting it reports it again).
-    A slot holding anything but the round the driver waits for is obsolete
-    (an abandoned round, a driver restart) and cleared; its objects are
-    orphans for the sweep.
+    A slot holding anything but the round the driver waits for (another
+    batch, or the same batch under another round id: an abandoned round, a
+    driver restart) is obsolete and cleared; its objects are orphans for the
+    sweep, which a new driver runs at its start.
 
     Invariants: at most one materialization per store at a time (the slot's
     claim); a round's outcome is reported, never lost silently: a subtask
@@ -201,6 +203,10 @@ class TaskMaterialization:
         per_kg = committed.mat_per_kg()
         return all(per_kg[kg][1] >= batch for kg in self.kg_range)
 
+    def _ours(self, record: SlotRecord) -> bool:
+        """Whether the slot's record is of the round the plan names (batch and round id)."""
+        return record.batch == self.plan.mat_round and record.round_id == self.plan.mat_round_id
+
     def at_open(self, store_version: int | None, open_reader: Callable[[], SnapshotReader]) -> None:
         """Report an ended round, or start the round if the plan asks and none runs."""
         self._poll(store_version, open_reader)
@@ -224,15 +230,16 @@ class TaskMaterialization:
         claim = self.slot.claim()
         if claim is None:  # one runs
             record = self.slot.read()
-            if plan.materialize and record is not None and record.batch != wanted:
+            if plan.materialize and record is not None and not self._ours(record):
                 self.report = MatOutcome(
                     batch=wanted,
-                    error=f"the materialization of batch {record.batch} still runs in this store",
+                    error=f"the materialization of batch {record.batch} of another round "
+                    "still runs in this store",
                 )
             return
         try:
             record = self.slot.read()
-            if record is not None and (record.batch != wanted or self._recorded(record.batch)):
+            if record is not None and (not self._ours(record) or self._recorded(record.batch)):
                 self.slot.clear()  # obsolete, or the driver has it
                 record = None
             if record is not None:

@@ -108,9 +108,15 @@ class Driver:
         return self.proc.poll()
 
     def wait(self, timeout_s: float) -> int:
-        """Its exit code; SIGKILLs the group after ``timeout_s`` (raises ``TimeoutExpired``)."""
+        """Its exit code; SIGKILLs the group after ``timeout_s`` and raises ``TimeoutError``
+        carrying the tail of the driver's log (what it was doing when it hung)."""
         try:
             return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise TimeoutError(
+                f"the driver ran past {timeout_s:.0f} s; its log ends with:\n{self.tail(12000)}"
+            ) from None
         finally:
             self.kill()
 

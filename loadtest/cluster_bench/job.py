@@ -15,6 +15,8 @@ executors by value (they cannot import the tests package).
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import logging
 import os
 import signal
 import sys
@@ -69,6 +71,9 @@ def session(master: str, executors: int) -> Any:
         .config("spark.task.maxFailures", "8")
         # a lost node's tasks go elsewhere at once; no waiting for locality
         .config("spark.locality.wait", "0s")
+        # a Python task still running after a minute prints its threads' stacks to
+        # the executor's stderr (what a hung test shows in its diagnostics)
+        .config("spark.python.worker.tracebackDumpIntervalSeconds", "60")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -95,7 +100,16 @@ def main() -> int:
 
     phases = open(args.phases_file, "a", buffering=1) if args.phases_file else None  # noqa: SIM115
 
+    # the driver's log tells where a run stands: dstl's per-batch lines, each phase,
+    # and the driver's thread stacks shortly before the job gives up
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("dstl_client").setLevel(logging.INFO)
+    faulthandler.dump_traceback_later(max(1.0, args.timeout_s - 5.0))
+
     def on_phase(phase: str, batch_id: int) -> None:
+        print(f"{time.strftime('%H:%M:%S')} phase {phase} {batch_id}", flush=True)
         if phases is not None:
             phases.write(f"{phase} {batch_id} {time.time():.6f}\n")
         if phase == crash_phase and batch_id == int(crash_batch):
@@ -121,6 +135,9 @@ def main() -> int:
         dstl_address=args.address,
         orphan_grace_s=0,
         materialize_interval_s=2,
+        # a batch stuck on the cluster (a task that never returns) is aborted and run
+        # again well within the test's wait, and the driver's log says so
+        checkpoint_timeout_s=150,
         sink=output_sink(Path(args.out_dir)),
         on_phase=on_phase,
         **extra,

@@ -41,8 +41,12 @@ def objects_uploaded(sidecar: ServerProcess) -> float:
 def start_driver(
     tmp: Path, cluster: SparkCluster, address: str, until: int, crash: str = ""
 ) -> Driver:
-    """A driver with a fresh local disk; its dstl metadata on S3, Spark's checkpoint in tmp."""
-    return Driver(tmp, cluster, address, until=until, crash=crash, timeout_s=DRIVER_TIMEOUT_S)
+    """A driver with a fresh local disk; its dstl metadata on S3, Spark's checkpoint in tmp.
+
+    The job gives up on its own 30 s before the test stops waiting, so a hang
+    ends with the job's own error in the log the assertion shows.
+    """
+    return Driver(tmp, cluster, address, until=until, crash=crash, timeout_s=DRIVER_TIMEOUT_S - 30)
 
 
 def wait_for_output(out: Path, batch: int, driver: Driver, timeout_s: float = 240.0) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dstl_client.coordinator.batches import MaterializationFailed, MaterializationSchedule
@@ -20,7 +22,10 @@ class Clock:
         return self.now
 
 
-def plan(batch: int, p: int, materialize: bool, mat_round: int) -> BatchPlan:
+def plan(
+    s: MaterializationSchedule, batch: int, p: int, materialize: bool, mat_round: int
+) -> BatchPlan:
+    """A plan made while ``s`` has its current round (named by its id, as the coordinator does)."""
     return BatchPlan(
         job_id="j",
         operator_id="op",
@@ -31,6 +36,7 @@ def plan(batch: int, p: int, materialize: bool, mat_round: int) -> BatchPlan:
         committed=None,
         materialize=materialize,
         mat_round=mat_round,
+        mat_round_id=s.round_id,
     )
 
 
@@ -61,15 +67,17 @@ def test_a_round_starts_when_due_runs_across_batches_and_completes() -> None:
     assert s.plan(4, 2, 10, 600) == (True, 4)
     assert s.plan(4, 2, 10, 600) == (True, 4)  # the batch re-planned (e.g. re-run)
     # batch 5 recorded without reports; the round stays in flight, none other starts
-    assert s.completed(s.accepted(plan(5, 2, True, 4), [result(5, 0, 2), result(5, 1, 2)])) is None
+    assert (
+        s.completed(s.accepted(plan(s, 5, 2, True, 4), [result(5, 0, 2), result(5, 1, 2)])) is None
+    )
     clock.now += 100
     assert s.plan(5, 2, 10, 600) == (False, 4)
     # subtask 1 reports in batch 6, subtask 0 in batch 7: the round completes then
-    res6 = s.accepted(plan(6, 2, False, 4), [result(6, 0, 2), result(6, 1, 2, 4)])
+    res6 = s.accepted(plan(s, 6, 2, False, 4), [result(6, 0, 2), result(6, 1, 2, 4)])
     assert not s.would_complete(res6)
     assert s.completed(res6) is None
     assert s.plan(6, 2, 10, 600) == (False, 4)
-    res7 = s.accepted(plan(7, 2, False, 4), [result(7, 0, 2, 4), result(7, 1, 2)])
+    res7 = s.accepted(plan(s, 7, 2, False, 4), [result(7, 0, 2, 4), result(7, 1, 2)])
     assert s.would_complete(res7)
     assert s.completed(res7) is True
     assert s.round is None and s.failures == 0
@@ -84,18 +92,39 @@ def test_reports_of_other_rounds_and_repeated_ones_are_dropped() -> None:
     s = MaterializationSchedule(clock)
     clock.now += 1
     assert s.plan(2, 2, 0, 600) == (True, 2)
-    p3 = plan(3, 2, True, 2)
+    p3 = plan(s, 3, 2, True, 2)
     stale = result(3, 0, 2, mat_batch=1)  # a slot left by an earlier driver run
     taken = s.accepted(p3, [stale, result(3, 1, 2, 2)])
     assert taken[0].mat is None and taken[0].mat_batch == NO_BATCH
     assert taken[1].mat is not None
     assert s.completed(taken) is None
     # subtask 1 reports again (its batch failed after reporting, say): dropped now
-    again = s.accepted(plan(4, 2, False, 2), [result(4, 0, 2), result(4, 1, 2, 2)])
+    again = s.accepted(plan(s, 4, 2, False, 2), [result(4, 0, 2), result(4, 1, 2, 2)])
     assert again[1].mat is None
     # a report under a plan that names no round is dropped too
-    dropped = s.accepted(plan(4, 2, False, NO_BATCH), [result(4, 0, 2, 2)])
+    dropped = s.accepted(plan(s, 4, 2, False, NO_BATCH), [result(4, 0, 2, 2)])
     assert dropped[0].mat is None
+    # and one under a plan of another round of the same batch (another driver's, or
+    # one abandoned earlier): same batch, another round id
+    other = replace(plan(s, 4, 2, False, 2), mat_round_id="another-round")
+    assert s.accepted(other, [result(4, 0, 2, 2)])[0].mat is None
+
+
+def test_every_round_has_an_id_of_its_own() -> None:
+    clock = Clock()
+    s = MaterializationSchedule(clock)
+    assert s.round_id == ""  # none in flight
+    ids = []
+    for _ in range(3):
+        clock.now += 1
+        assert s.plan(5, 2, 0, timeout_s=0.5) == (True, 5)  # the last one timed out
+        ids.append(s.round_id)
+    assert len(set(ids)) == 3 and all(ids)
+    # a new schedule (a new driver) has new ids for the same batch
+    t = MaterializationSchedule(clock)
+    clock.now += 1
+    assert t.plan(5, 2, 0, 600) == (True, 5)
+    assert t.round_id not in ids
 
 
 def test_failed_rounds_count_in_a_row_and_stop_the_job() -> None:
@@ -106,7 +135,7 @@ def test_failed_rounds_count_in_a_row_and_stop_the_job() -> None:
         materialize, rnd = s.plan(n, 2, 0, 600)
         assert materialize and rnd == n
         res = s.accepted(
-            plan(n + 1, 2, True, rnd),
+            plan(s, n + 1, 2, True, rnd),
             [result(n + 1, 0, 2, rnd), result(n + 1, 1, 2, rnd, error="boom")],
         )
         assert not s.would_complete(res)
@@ -119,7 +148,7 @@ def test_failed_rounds_count_in_a_row_and_stop_the_job() -> None:
     # one that completes resets the count
     clock.now += 1
     assert s.plan(9, 1, 0, 600) == (True, 9)
-    assert s.completed(s.accepted(plan(10, 1, True, 9), [result(10, 0, 1, 9)])) is True
+    assert s.completed(s.accepted(plan(s, 10, 1, True, 9), [result(10, 0, 1, 9)])) is True
     assert s.failures == 0
 
 
@@ -128,7 +157,7 @@ def test_a_round_not_finished_in_time_fails_and_a_rescale_abandons_one() -> None
     s = MaterializationSchedule(clock)
     clock.now += 1
     assert s.plan(1, 2, 0, timeout_s=60) == (True, 1)
-    s.completed(s.accepted(plan(2, 2, True, 1), [result(2, 0, 2, 1), result(2, 1, 2)]))
+    s.completed(s.accepted(plan(s, 2, 2, True, 1), [result(2, 0, 2, 1), result(2, 1, 2)]))
     clock.now += 61
     # subtask 1 never reported: the round fails and, due, the next one starts
     assert s.plan(2, 2, 0, 60) == (True, 2)
@@ -138,7 +167,7 @@ def test_a_round_not_finished_in_time_fails_and_a_rescale_abandons_one() -> None
     assert s.plan(3, 3, 3600, 60) == (False, NO_BATCH)
     assert s.round is None and s.failures == 1
     # results at the new parallelism carry nothing for the abandoned round
-    res = s.accepted(plan(4, 3, False, NO_BATCH), [result(4, 0, 3, 2)])
+    res = s.accepted(plan(s, 4, 3, False, NO_BATCH), [result(4, 0, 3, 2)])
     assert res[0].mat is None
 
 
@@ -149,7 +178,7 @@ def test_after_a_process_exit_the_next_rounds_wait_inside_their_batch() -> None:
     clock.now += 1
     assert s.plan(1, 2, 0, 600) == (True, 1)
     res = s.accepted(
-        plan(2, 2, True, 1),
+        plan(s, 2, 2, True, 1),
         [result(2, 0, 2, 1), result(2, 1, 2, 1, error=MAT_PROCESS_EXITED)],
     )
     assert s.completed(res) is False
@@ -157,10 +186,10 @@ def test_after_a_process_exit_the_next_rounds_wait_inside_their_batch() -> None:
     # another kind of failure does not change that; a completed round ends it
     assert s.plan(2, 2, 0, 600) == (True, 2)
     res = s.accepted(
-        plan(3, 2, True, 2), [result(3, 0, 2, 2), result(3, 1, 2, 2, error="UNAVAILABLE")]
+        plan(s, 3, 2, True, 2), [result(3, 0, 2, 2), result(3, 1, 2, 2, error="UNAVAILABLE")]
     )
     assert s.completed(res) is False and s.wait_s(0.0, 600.0) == 600.0
     assert s.plan(3, 2, 0, 600) == (True, 3)
-    res = s.accepted(plan(4, 2, True, 3), [result(4, 0, 2, 3), result(4, 1, 2, 3)])
+    res = s.accepted(plan(s, 4, 2, True, 3), [result(4, 0, 2, 3), result(4, 1, 2, 3)])
     assert s.completed(res) is True
     assert s.wait_s(0.0, 600.0) == 0.0

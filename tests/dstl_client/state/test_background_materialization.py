@@ -105,11 +105,13 @@ def test_batches_complete_while_a_materialization_uploads(
         coord.complete_batch(plan, results)
         assert coord.history[-1].materialized is False
         assert _segments_per_batch(coord) == [0, 1, 2]  # nothing truncated
-        # every slot says running
+        # every slot says running, for the round in flight
         for i in range(2):
             rng = key_group_range_for_operator(i, 2, MAX_P)
             d = store_dir(tmp_path / "state", "bg", "keyed", rng)
-            assert MaterializationSlot(d).read() == SlotRecord(0, RUNNING)
+            assert MaterializationSlot(d).read() == SlotRecord(
+                0, RUNNING, round_id=plan.mat_round_id
+            )
         client.gate.set()
         _join_materializations()
         # batch 3's tasks report the finished round; the record takes it
@@ -161,7 +163,7 @@ def test_a_materialization_whose_process_died_fails_its_round_and_another_follow
         # running and nobody holds the claim (subtask 0's finished for real)
         rng1 = key_group_range_for_operator(1, 2, MAX_P)
         d1 = store_dir(tmp_path / "state", "died", "keyed", rng1)
-        MaterializationSlot(d1).write(SlotRecord(0, RUNNING))
+        MaterializationSlot(d1).write(SlotRecord(0, RUNNING, round_id=plan.mat_round_id))
         plan = coord.plan_batch(2, 2)
         assert plan is not None
         _, results = run.run_tasks(plan, BATCHES[2])
@@ -195,3 +197,61 @@ def test_a_materialization_whose_process_died_fails_its_round_and_another_follow
         assert min(b for _, b in coord.latest.mat_per_kg()) >= 2  # every key group again
         assert final_state(coord, client) == reference(BATCHES)
         coord.close()
+
+
+def test_a_materialization_of_a_dead_driver_is_not_taken_by_the_next_drivers_round(
+    tmp_path: Path, sidecar: ServerProcess
+) -> None:
+    """A new driver's round of the same batch starts afresh: the old one's parts are orphans.
+
+    The driver that started the round of version 0 dies before it records the
+    batch whose tasks report it; the next driver sweeps unreferenced objects
+    at its start (here with no grace), the old parts among them. Its own round
+    of version 0 must not take the outcomes the slots still hold, or its
+    record would reference deleted objects.
+    """
+    client = GatedClient(sidecar.address)
+    client.gate.set()
+    with client:
+        first, run = _start(tmp_path, sidecar, client, "dead-driver")
+        assert run.run_batch(0, BATCHES[0]) is not None
+        plan = first.plan_batch(1, 2)
+        assert plan is not None and plan.materialize and plan.mat_round == 0
+        run.run_tasks(plan, BATCHES[1])
+        _join_materializations()
+        for i in range(2):  # both finished under the first driver, which never hears of it
+            d = store_dir(tmp_path / "state", "dead-driver", "keyed", _rng(i))
+            record = MaterializationSlot(d).read()
+            assert record is not None and record.batch == 0 and record.outcome is not None
+            assert record.outcome.result is not None and record.outcome.result.part is not None
+        first.close()  # dies: batch 1 is not recorded
+
+        second = make_coordinator(
+            tmp_path,
+            sidecar.address,
+            job_id="dead-driver",
+            interval=0.0,
+            client=client,
+            materialization_wait_s=WAIT_S,
+            orphan_grace_s=0,
+        )
+        run = runner(second, 2, client)
+        plan = second.plan_batch(1, 2)
+        assert plan is not None and plan.materialize and plan.mat_round == 0
+        _, results = run.run_tasks(plan, BATCHES[1])
+        assert all(r.mat is not None and r.mat.batch == 0 for r in results)
+        second.complete_batch(plan, results)
+        assert second.history[-1].materialized
+        second.set_materialize_interval(3600)  # the next record still holds these parts
+        assert run.run_batch(2, BATCHES[2]) is not None
+        # every object the record references exists, and the state restores from it
+        rec = second.latest
+        assert rec is not None and {b for _, b in rec.mat_per_kg()} == {0}
+        stored = {o.key for o in client.list_objects("dead-driver")}
+        assert rec.object_keys() <= stored, rec.object_keys() - stored
+        assert final_state(second, client) == reference(BATCHES[:3])
+        second.close()
+
+
+def _rng(index: int) -> Any:
+    return key_group_range_for_operator(index, 2, MAX_P)

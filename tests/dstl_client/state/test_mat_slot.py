@@ -75,8 +75,11 @@ def test_records_round_trip_and_a_bad_one_is_dropped(tmp_path: Path) -> None:
         kgs=0,
         dirty_kgs=2,
     )
-    slot.write(SlotRecord(3, DONE, outcome))
-    assert slot.read() == SlotRecord(3, DONE, outcome)
+    slot.write(SlotRecord(3, DONE, outcome, round_id="r1"))
+    assert slot.read() == SlotRecord(3, DONE, outcome, round_id="r1")
+    # a record from before rounds had ids reads as one of no round
+    (tmp_path / RECORD_NAME).write_bytes(b'{"batch": 3, "status": "running"}')
+    assert slot.read() == SlotRecord(3, RUNNING, round_id="")
     (tmp_path / RECORD_NAME).write_bytes(b'{"batch": 3, "status": "exploded"}')
     assert slot.read() is None
     assert not (tmp_path / RECORD_NAME).exists()
