@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from dstl_client.coordinator.config import CoordinatorConfig
-from dstl_client.coordinator.messages import MAT_PROCESS_EXITED, BatchPlan, TaskResult
+from dstl_client.coordinator.messages import MAT_LOST, BatchPlan, TaskResult
 from dstl_client.coordinator.records import NO_BATCH, CheckpointRecord
 from dstl_client.core.errors import DstlError
 from dstl_client.keygroups import key_group_range_for_operator
@@ -133,10 +133,13 @@ class MaterializationSchedule:
 
     A materialization runs on a thread of the Python worker that started it;
     Spark stops workers that stay idle (about a minute without tasks), which
-    takes the upload along (:data:`MAT_PROCESS_EXITED`). After a round failed
-    that way, the next rounds' tasks wait for their own upload (up to
-    ``timeout_s``: the batch holds, as a synchronous materialization would)
-    until one completes, so slow triggers and large state still materialize.
+    takes the upload along (:data:`MAT_PROCESS_EXITED`), and may run the
+    subtask's next task on another node, whose store is not materializing the
+    round (:data:`MAT_NOT_HERE`). After a round failed either way, the next
+    rounds' tasks wait for their own upload (up to ``timeout_s``: the batch
+    holds, as a synchronous materialization would) until one completes, so
+    slow triggers, large state and subtasks that change nodes still
+    materialize.
 
     Thread: the coordinator's, under its lock.
     """
@@ -149,7 +152,7 @@ class MaterializationSchedule:
         #: the last round that ended (its figures)
         self.last_round: MatRound | None = None
         self.last_errors: list[str] = []
-        #: the last round failed because a process exited: tasks wait for theirs
+        #: the last round failed because an upload was lost (:data:`MAT_LOST`): tasks wait
         self.synchronous = False
 
     def wait_s(self, configured_s: float, timeout_s: float) -> float:
@@ -238,11 +241,13 @@ class MaterializationSchedule:
         if errors:
             self.failures += 1
             self.last_errors = errors
-            if any(MAT_PROCESS_EXITED in e for e in errors) and not self.synchronous:
+            lost = [e for e in errors if any(reason in e for reason in MAT_LOST)]
+            if lost and not self.synchronous:
                 self.synchronous = True
                 log.warning(
-                    "a materialization's process exited before it finished (Spark stops idle "
-                    "Python workers); the next ones run inside their batch until one completes"
+                    "a materialization did not finish where it started (%s); the next ones "
+                    "run inside their batch until one completes",
+                    lost[0],
                 )
             return False
         self.synchronous = False

@@ -31,6 +31,12 @@ from dstl_client.state.backend import DEFAULT_CACHE_ROWS
 #: how a task reports a materialization whose process exited before it ended (the
 #: driver then lets the next round's tasks wait for theirs: see ``MaterializationSchedule``)
 MAT_PROCESS_EXITED = "the materialization's process exited before it finished"
+#: how a task reports a round that is not materializing in its node's store: the task that
+#: started it ran on another node (Spark placed the subtask elsewhere this batch), or the
+#: store was rebuilt since (the driver reacts as to :data:`MAT_PROCESS_EXITED`)
+MAT_NOT_HERE = "the round is not materializing in this node's store"
+#: the reports after which the driver lets the next rounds' tasks wait for their upload
+MAT_LOST = (MAT_PROCESS_EXITED, MAT_NOT_HERE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,12 @@ import time
 from collections.abc import Callable
 
 from dstl_client.client import ChangelogClient, ChangelogWriter
-from dstl_client.coordinator.messages import MAT_PROCESS_EXITED, BatchPlan, MatResult
+from dstl_client.coordinator.messages import (
+    MAT_NOT_HERE,
+    MAT_PROCESS_EXITED,
+    BatchPlan,
+    MatResult,
+)
 from dstl_client.coordinator.records import NO_BATCH
 from dstl_client.core.errors import DstlError
 from dstl_client.core.handle import ChangelogHandle
@@ -274,8 +279,8 @@ class TaskMaterialization:
                 return
             self.report = MatOutcome(
                 batch=wanted,
-                error=f"{MAT_PROCESS_EXITED}, or the store was rebuilt "
-                f"(batch {wanted} is not materializing here)",
+                error=f"{MAT_NOT_HERE} (batch {wanted}): it started on another node, "
+                "or the store was rebuilt since",
             )
         finally:
             if claim is not None:

@@ -7,7 +7,13 @@ from dataclasses import replace
 import pytest
 
 from dstl_client.coordinator.batches import MaterializationFailed, MaterializationSchedule
-from dstl_client.coordinator.messages import MAT_PROCESS_EXITED, BatchPlan, MatResult, TaskResult
+from dstl_client.coordinator.messages import (
+    MAT_NOT_HERE,
+    MAT_PROCESS_EXITED,
+    BatchPlan,
+    MatResult,
+    TaskResult,
+)
 from dstl_client.coordinator.records import NO_BATCH
 from dstl_client.keygroups import key_group_range_for_operator
 
@@ -171,7 +177,9 @@ def test_a_round_not_finished_in_time_fails_and_a_rescale_abandons_one() -> None
     assert res[0].mat is None
 
 
-def test_after_a_process_exit_the_next_rounds_wait_inside_their_batch() -> None:
+@pytest.mark.parametrize("reason", [MAT_PROCESS_EXITED, MAT_NOT_HERE])
+def test_after_a_lost_upload_the_next_rounds_wait_inside_their_batch(reason: str) -> None:
+    """A worker that exited, or a subtask whose next task ran on another node."""
     clock = Clock()
     s = MaterializationSchedule(clock)
     assert s.wait_s(0.0, 600.0) == 0.0
@@ -179,7 +187,7 @@ def test_after_a_process_exit_the_next_rounds_wait_inside_their_batch() -> None:
     assert s.plan(1, 2, 0, 600) == (True, 1)
     res = s.accepted(
         plan(s, 2, 2, True, 1),
-        [result(2, 0, 2, 1), result(2, 1, 2, 1, error=MAT_PROCESS_EXITED)],
+        [result(2, 0, 2, 1), result(2, 1, 2, 1, error=f"{reason} (batch 1)")],
     )
     assert s.completed(res) is False
     assert s.wait_s(0.0, 600.0) == 600.0  # tasks wait for theirs

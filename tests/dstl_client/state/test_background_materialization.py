@@ -14,7 +14,7 @@ from typing import Any
 from dstl_client.client import ChangelogClient, ChangelogWriter
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.local import LocalRunner
-from dstl_client.coordinator.messages import MAT_PROCESS_EXITED
+from dstl_client.coordinator.messages import MAT_NOT_HERE, MAT_PROCESS_EXITED
 from dstl_client.coordinator.records import NO_BATCH
 from dstl_client.keygroups import key_group_range_for_operator
 from dstl_client.state.mat_slot import RECORD_NAME, RUNNING, MaterializationSlot, SlotRecord
@@ -196,6 +196,38 @@ def test_a_materialization_whose_process_died_fails_its_round_and_another_follow
         assert run.run_batch(5, BATCHES[5]) is not None
         assert min(b for _, b in coord.latest.mat_per_kg()) >= 2  # every key group again
         assert final_state(coord, client) == reference(BATCHES)
+        coord.close()
+
+
+def test_a_subtask_whose_store_is_not_materializing_the_round_reports_it_not_here(
+    tmp_path: Path, sidecar: ServerProcess
+) -> None:
+    """The task that started the round ran on another node: this store has no slot for it."""
+    client = GatedClient(sidecar.address)
+    with client:
+        coord, run = _start(tmp_path, sidecar, client, "moved")
+        assert run.run_batch(0, BATCHES[0]) is not None
+        plan = coord.plan_batch(1, 2)
+        assert plan is not None and plan.mat_round == 0
+        _, results = run.run_tasks(plan, BATCHES[1])
+        coord.complete_batch(plan, results)
+        client.gate.set()
+        _join_materializations()
+        # subtask 1's round ran "on the other node": nothing of it in this store's slot
+        MaterializationSlot(store_dir(tmp_path / "state", "moved", "keyed", _rng(1))).clear()
+        plan = coord.plan_batch(2, 2)
+        assert plan is not None and not plan.materialize and plan.mat_round == 0
+        _, results = run.run_tasks(plan, BATCHES[2])
+        by_index = {r.index: r for r in results}
+        assert by_index[0].mat is not None and not by_index[0].mat_error
+        assert by_index[1].mat is None
+        assert by_index[1].mat_error.startswith(f"{MAT_NOT_HERE} (batch 0)")
+        coord.complete_batch(plan, results)
+        assert not coord.history[-1].materialized
+        # as after a process exit, the next round's tasks wait for their own upload
+        plan = coord.plan_batch(3, 2)
+        assert plan is not None and plan.materialize
+        assert plan.materialization_wait_s == coord.config.materialization_timeout_s
         coord.close()
 
 
