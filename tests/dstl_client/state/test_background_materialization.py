@@ -14,7 +14,7 @@ from typing import Any
 from dstl_client.client import ChangelogClient, ChangelogWriter
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.local import LocalRunner
-from dstl_client.coordinator.messages import MAT_NOT_HERE, MAT_PROCESS_EXITED
+from dstl_client.coordinator.messages import MAT_NOT_HERE, MAT_PROCESS_EXITED, BatchPlan
 from dstl_client.coordinator.records import NO_BATCH
 from dstl_client.keygroups import key_group_range_for_operator
 from dstl_client.state.mat_slot import RECORD_NAME, RUNNING, MaterializationSlot, SlotRecord
@@ -75,6 +75,22 @@ def _start(
         materialization_wait_s=0.0,
     )
     return coord, runner(coord, 2, client)
+
+
+def _round_0_uploaded_unreported(
+    tmp_path: Path, sidecar: ServerProcess, client: GatedClient, job_id: str
+) -> tuple[CheckpointCoordinator, LocalRunner, BatchPlan]:
+    """Batches 0 and 1 recorded; batch 1's tasks started the round of version 0, whose
+    uploads ended after batch 1 was recorded (nothing reported yet). Returns batch 1's plan."""
+    coord, run = _start(tmp_path, sidecar, client, job_id)
+    assert run.run_batch(0, BATCHES[0]) is not None
+    plan = coord.plan_batch(1, 2)
+    assert plan is not None and plan.mat_round == 0
+    _, results = run.run_tasks(plan, BATCHES[1])
+    coord.complete_batch(plan, results)  # both uploads blocked: nothing reported
+    client.gate.set()
+    _join_materializations()
+    return coord, run, plan
 
 
 def _segments_per_batch(coord: Any) -> list[int]:
@@ -151,19 +167,12 @@ def test_a_materialization_whose_process_died_fails_its_round_and_another_follow
 ) -> None:
     client = GatedClient(sidecar.address)
     with client:
-        coord, run = _start(tmp_path, sidecar, client, "died")
-        assert run.run_batch(0, BATCHES[0]) is not None
-        plan = coord.plan_batch(1, 2)
-        assert plan is not None and plan.mat_round == 0
-        _, results = run.run_tasks(plan, BATCHES[1])
-        coord.complete_batch(plan, results)  # both uploads blocked: nothing reported
-        client.gate.set()
-        _join_materializations()
+        coord, run, started = _round_0_uploaded_unreported(tmp_path, sidecar, client, "died")
         # subtask 1's materialization "ran in a worker that exited": its slot says
         # running and nobody holds the claim (subtask 0's finished for real)
         rng1 = key_group_range_for_operator(1, 2, MAX_P)
         d1 = store_dir(tmp_path / "state", "died", "keyed", rng1)
-        MaterializationSlot(d1).write(SlotRecord(0, RUNNING, round_id=plan.mat_round_id))
+        MaterializationSlot(d1).write(SlotRecord(0, RUNNING, round_id=started.mat_round_id))
         plan = coord.plan_batch(2, 2)
         assert plan is not None
         _, results = run.run_tasks(plan, BATCHES[2])
@@ -205,14 +214,7 @@ def test_a_subtask_whose_store_is_not_materializing_the_round_reports_it_not_her
     """The task that started the round ran on another node: this store has no slot for it."""
     client = GatedClient(sidecar.address)
     with client:
-        coord, run = _start(tmp_path, sidecar, client, "moved")
-        assert run.run_batch(0, BATCHES[0]) is not None
-        plan = coord.plan_batch(1, 2)
-        assert plan is not None and plan.mat_round == 0
-        _, results = run.run_tasks(plan, BATCHES[1])
-        coord.complete_batch(plan, results)
-        client.gate.set()
-        _join_materializations()
+        coord, run, _ = _round_0_uploaded_unreported(tmp_path, sidecar, client, "moved")
         # subtask 1's round ran "on the other node": nothing of it in this store's slot
         MaterializationSlot(store_dir(tmp_path / "state", "moved", "keyed", _rng(1))).clear()
         plan = coord.plan_batch(2, 2)
