@@ -33,12 +33,12 @@ seed, the worker and call number, and the calls around it):
   checked by every worker every ``HEALTH_EVERY_CALLS`` calls and by a monitor
   thread every ``MONITOR_INTERVAL_S``.
 * ``rss``: the server's RSS (sampled every ``MONITOR_INTERVAL_S``) stays
-  below ``start RSS + 4 x max_in_flight_bytes + 64 MiB`` (241 MiB with the
+  below ``start RSS + 4 x max_in_flight_bytes + 96 MiB`` (about 280 MiB with the
   fuzz settings). The sidecar bounds what it holds by ``max_in_flight_bytes``
   (one request may overcommit it by one request's worth of parts); on top
   come objects being encoded (about the in-flight bytes again), the requests
   being decoded (a few times ``max_request_bytes`` each) and allocator slack.
-  Four times the budget plus 64 MiB holds all of that with room; memory the
+  Four times the budget plus 96 MiB holds all of that with room; memory the
   budget does not see (parts it does not charge, buffers the allocator never
   returns) crosses it within seconds. Each worker keeps one *hoarding*
   writer that only appends big many-part batches and never persists, so such
