@@ -95,17 +95,21 @@ class DstlQuery:
         """Block until the checkpoint of ``batch_id`` (or a later one) is recorded."""
         deadline = time.monotonic() + timeout_s
         while self.last_batch_id < batch_id:
-            query = self.query
-            if (
-                query is not None
-                and not query.isActive
-                and not self.switching.is_set()
-                and self.query is query  # not replaced by a trigger switch meanwhile
-            ):
-                raise RuntimeError(f"the query stopped: {query.exception()}")
+            self.raise_if_stopped()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"batch {batch_id} not checkpointed in {timeout_s}s")
             time.sleep(0.1)
+
+    def raise_if_stopped(self) -> None:
+        """:class:`RuntimeError` with Spark's error if the query ended (not by a trigger switch)."""
+        query = self.query
+        if (
+            query is not None
+            and not query.isActive
+            and not self.switching.is_set()
+            and self.query is query  # not replaced by a trigger switch meanwhile
+        ):
+            raise RuntimeError(f"the query stopped: {query.exception()}")
 
     @property
     def halted(self) -> bool:

@@ -67,7 +67,8 @@ class Driver:
         cluster: SparkCluster,
         address: str,
         *,
-        until: int,
+        until: int | None = None,
+        until_files: int | None = None,
         parallelism: int = 4,
         phases_file: Path | None = None,
         timeout_s: float = 400.0,
@@ -82,6 +83,7 @@ class Driver:
             "input-dir": work / "input",
             "out-dir": work / "out",
             "until-batch": until,
+            "until-files": until_files,
             "executors": len(cluster.nodes),
             "parallelism": parallelism,
             "phases-file": phases_file or "",
@@ -89,7 +91,8 @@ class Driver:
             "crash": crash,
         }
         for name, value in args.items():
-            cmd += [f"--{name}", str(value)]
+            if value is not None:
+                cmd += [f"--{name}", str(value)]
         env = {**os.environ, **cluster.s3.env(), "PYSPARK_PYTHON": sys.executable}
         env["AWS_ENDPOINT_URL"] = cluster.s3.endpoint_url
         env["SPARK_LOCAL_IP"] = "127.0.0.1"

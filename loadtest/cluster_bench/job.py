@@ -3,7 +3,7 @@
 Run by ``tests/e2e/test_cluster.py`` and the cluster benchmark::
 
     python -m loadtest.cluster_bench.job --master spark://127.0.0.1:7077 --address ... \\
-        --checkpoint-dir ... --input-dir ... --out-dir ... --until-batch 7 [--crash phase:batch]
+        --checkpoint-dir ... --input-dir ... --out-dir ... (--until-batch 7 | --until-files 8) [--crash phase:batch]
 
 The executors find their own node's sidecar and state directory in their
 environment (the cluster's workers set ``DSTL_ADDRESS``/``DSTL_STATE_DIR``);
@@ -24,7 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dstl_client.coordinator.config import spark_location
 from dstl_client.state import INT64, TupleSerializer
+from loadtest.spark_offsets import wait_for_all_input
 
 SUM: TupleSerializer[Any] = TupleSerializer(INT64, INT64)
 OUTPUT_SCHEMA = "k string, count long, total long"
@@ -87,11 +89,21 @@ def main() -> int:
     p.add_argument("--metadata-url", default="")
     p.add_argument("--executors", type=int, default=2)
     p.add_argument("--parallelism", type=int, default=4)
-    p.add_argument("--until-batch", type=int, required=True)
+    until = p.add_mutually_exclusive_group(required=True)
+    until.add_argument("--until-batch", type=int, help="stop once this batch is recorded")
+    until.add_argument(
+        "--until-files",
+        type=int,
+        help="stop once Spark committed this many input files and dstl recorded that batch"
+        " (the batch ids can shift: see loadtest.spark_offsets)",
+    )
     p.add_argument("--crash", default="", help="phase:batch -> SIGKILL the driver there")
     p.add_argument("--phases-file", default="", help="append 'phase batch unix_time' lines")
     p.add_argument(
-        "--timeout-s", type=float, default=400.0, help="wait at most this for --until-batch"
+        "--timeout-s",
+        type=float,
+        default=400.0,
+        help="wait at most this for --until-batch/--until-files",
     )
     args = p.parse_args()
     from dstl_client.spark import process_keyed
@@ -143,7 +155,17 @@ def main() -> int:
         **extra,
     )
     try:
-        q.wait_for_batch(args.until_batch, timeout_s=args.timeout_s)
+        if args.until_files is None:
+            q.wait_for_batch(args.until_batch, timeout_s=args.timeout_s)
+        else:
+            groups = wait_for_all_input(
+                lambda: q.last_batch_id,
+                Path(spark_location(args.checkpoint_dir)),
+                args.until_files,
+                args.timeout_s,
+                check=q.raise_if_stopped,
+            )
+            print(f"every input file recorded: {[(g.start, g.stop) for g in groups]}", flush=True)
     finally:
         q.stop()
         spark.stop()

@@ -17,6 +17,7 @@ from loadtest.cluster_bench.config import BenchConfig
 from loadtest.cluster_bench.driver import Driver, Phases
 from loadtest.cluster_bench.workload import compare, expected_outputs, read_outputs, write_input
 from loadtest.spark_cluster import START_TIMEOUT_S, Node, SparkCluster
+from loadtest.spark_offsets import file_groups
 
 UPLOADS_OK = 'dstl_uploads_total{result="ok"}'
 #: what an executor logs once it is registered with the driver (log4j INFO)
@@ -181,7 +182,7 @@ class Run:
                 if proc is not None and proc.poll() is None:
                     self.uploads[node.name] += _uploads(node.sidecar, self.tag)
             driver_uploads = _uploads(driver_sidecar, self.tag)
-        want = expected_outputs(cfg.batches, cfg.rows, cfg.keys)
+        want = expected_outputs(cfg.batches, cfg.rows, cfg.keys, self._groups())
         got = read_outputs(self.work / "out")
         missing, unexpected, sample = compare(want, got)
         return NodeCountResult(
@@ -208,7 +209,7 @@ class Run:
             self.work,
             cluster,
             sidecar.address,
-            until=cfg.batches - 1,
+            until_files=cfg.batches,
             parallelism=cfg.parallelism,
             phases_file=self.phases_file,
             # the stall timeout bounds every batch; this only bounds the whole run
@@ -217,7 +218,6 @@ class Run:
 
     def _drive(self, cluster: SparkCluster, sidecar: ServerProcess) -> None:
         cfg = self.cfg
-        last = cfg.batches - 1
         driver = self._start_driver(cluster, sidecar)
         self.tag(f"driver started (log {driver.log})")
         try:
@@ -225,14 +225,14 @@ class Run:
             while True:
                 if self._poll():
                     progress_at = time.monotonic()
-                if self.phases.last_recorded >= last:
+                if self._all_input_recorded():
                     break
                 self._restart_step(cluster)
                 self._kill_step(cluster)
                 rc = driver.poll()
                 if rc is not None:
                     self._poll()
-                    if self.phases.last_recorded >= last:
+                    if self._all_input_recorded():
                         break
                     exit_ = DriverExit(rc, self.phases.last_recorded, driver.tail())
                     self.driver_exits.append(exit_)
@@ -257,6 +257,24 @@ class Run:
             self.tag("driver done")
         finally:
             driver.kill()
+
+    def _groups(self) -> list[range]:
+        """The input files each batch Spark committed read (see loadtest.spark_offsets)."""
+        return file_groups(self.work / "spark-ckpt" / "spark")
+
+    def _all_input_recorded(self) -> bool:
+        """Every input file is in a batch Spark committed and dstl recorded.
+
+        Not "batch ``batches - 1`` recorded": a driver killed while Spark plans
+        a batch makes the next run's first batch read two files, and then that
+        batch never exists.
+        """
+        groups = self._groups()
+        return (
+            bool(groups)
+            and groups[-1].stop == self.cfg.batches
+            and self.phases.last_recorded >= len(groups) - 1
+        )
 
     def _poll(self) -> bool:
         """Read new phase lines, print one line per recorded batch; True if any was recorded."""

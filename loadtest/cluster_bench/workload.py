@@ -41,13 +41,22 @@ def write_input(directory: Path, batches: int, rows: int, keys: int) -> None:
         os.utime(path, (base + b, base + b))
 
 
-def expected_outputs(batches: int, rows: int, keys: int) -> Counter[Output]:
-    """Every output row of a failure-free run, each exactly once."""
+def expected_outputs(
+    batches: int, rows: int, keys: int, groups: list[range] | None = None
+) -> Counter[Output]:
+    """Every output row of a failure-free run, each exactly once.
+
+    ``groups[b]``: the input files batch ``b`` read (one file per batch if
+    None; see :func:`loadtest.spark_offsets.file_groups` for why a batch can
+    read two).
+    """
     state: dict[str, tuple[int, int]] = {}
     outputs: Counter[Output] = Counter()
-    for b in range(batches):
+    if groups is None:
+        groups = [range(b, b + 1) for b in range(batches)]
+    for b, files in enumerate(groups):
         touched: set[str] = set()
-        for k, v in batch_rows(b, rows, keys):
+        for k, v in (row for f in files for row in batch_rows(f, rows, keys)):
             c, t = state.get(k, (0, 0))
             state[k] = (c + 1, t + v)
             touched.add(k)

@@ -62,14 +62,23 @@ def expected(
     batches: int, rows: int, keys: int
 ) -> tuple[dict[str, tuple[int, int]], set[tuple[int, str, int, int]]]:
     """Final state per key and every output row ``(batch, key, count, total)``."""
+    return expected_grouped([range(b, b + 1) for b in range(batches)], rows, keys)
+
+
+def expected_grouped(
+    groups: list[range], rows: int, keys: int
+) -> tuple[dict[str, tuple[int, int]], set[tuple[int, str, int, int]]]:
+    """:func:`expected` when batch ``b`` read input files ``groups[b]`` (see
+    :func:`loadtest.spark_offsets.file_groups`)."""
     state: dict[str, tuple[int, int]] = {}
     outputs: set[tuple[int, str, int, int]] = set()
-    for b in range(batches):
+    for b, files in enumerate(groups):
         touched = set()
-        for k, v in batch_rows(b, rows, keys):
-            c, t = state.get(k, (0, 0))
-            state[k] = (c + 1, t + v)
-            touched.add(k)
+        for f in files:
+            for k, v in batch_rows(f, rows, keys):
+                c, t = state.get(k, (0, 0))
+                state[k] = (c + 1, t + v)
+                touched.add(k)
         for k in touched:
             outputs.add((b, k, *state[k]))
     return state, outputs

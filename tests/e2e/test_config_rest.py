@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from dstl_server.testing import ServerProcess
+from loadtest.spark_offsets import wait_for_all_input
 from tests.e2e._spark_job import (
     agg,
     agg_job_in,
-    batch_rows,
     expected,
+    expected_grouped,
     read_outputs,
     write_input,
 )
@@ -64,7 +65,9 @@ def test_a_new_checkpoint_interval_switches_the_trigger_without_restarting_spark
         assert status == 200 and doc["checkpointInterval"] == NEW_INTERVAL_MS
         assert doc["sources"]["checkpointInterval"] == "override"
         try:
-            groups = wait_for_all_input(q, tmp_path / "ckpt" / "spark", batches, timeout_s=240)
+            groups = wait_for_all_input(
+                lambda: q.last_batch_id, tmp_path / "ckpt" / "spark", batches, timeout_s=240
+            )
         except TimeoutError as exc:  # say where the switch stood
             raise AssertionError(
                 f"{exc}; switching={q.switching.is_set()} switches={q.switches} "
@@ -95,53 +98,7 @@ def test_a_new_checkpoint_interval_switches_the_trigger_without_restarting_spark
         assert starts[-1] - starts[0] > (k - 1) * interval_s - 0.2, starts
     finally:
         q.stop()
-    assert read_outputs(tmp_path / "out") == expected_grouped(groups)
-
-
-def file_groups(spark_ckpt: Path) -> list[range]:
-    """The input files (by index) each committed micro-batch read, from Spark's offsets log.
-
-    One file per batch (``maxFilesPerTrigger=1``) unless a stop lands while Spark
-    plans a batch: the file source has logged its next file but the offsets log
-    not yet the batch, and the next run's first batch takes that file and a new
-    one (every file still read exactly once).
-    """
-    groups: list[range] = []
-    end = -1
-    commits = sorted(int(p.name) for p in (spark_ckpt / "commits").glob("[0-9]*"))
-    for b in commits:
-        last_line = (spark_ckpt / "offsets" / str(b)).read_text().strip().splitlines()[-1]
-        new_end = int(json.loads(last_line)["logOffset"])
-        groups.append(range(end + 1, new_end + 1))
-        end = new_end
-    return groups
-
-
-def wait_for_all_input(q: Any, spark_ckpt: Path, files: int, timeout_s: float) -> list[range]:
-    """Until Spark committed every input file and dstl recorded that batch; the groups."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        groups = file_groups(spark_ckpt)
-        if groups and groups[-1].stop == files and q.last_batch_id >= len(groups) - 1:
-            return groups
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not every input file was checkpointed in {timeout_s}s: {groups}")
-        time.sleep(0.2)
-
-
-def expected_grouped(groups: list[range]) -> set[tuple[int, str, int, int]]:
-    """Every output row ``(batch, key, count, total)`` when batch ``b`` reads ``groups[b]``."""
-    state: dict[str, tuple[int, int]] = {}
-    outputs: set[tuple[int, str, int, int]] = set()
-    for b, files in enumerate(groups):
-        touched = set()
-        for f in files:
-            for k, v in batch_rows(f, ROWS, KEYS):
-                c, t = state.get(k, (0, 0))
-                state[k] = (c + 1, t + v)
-                touched.add(k)
-        outputs.update((b, k, *state[k]) for k in touched)
-    return outputs
+    assert read_outputs(tmp_path / "out") == expected_grouped(groups, ROWS, KEYS)[1]
 
 
 def slow_once(marker: Path, key: Any, rows: list[dict[str, Any]], ctx: Any) -> Any:
