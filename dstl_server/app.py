@@ -27,6 +27,7 @@ from dstl_server.registry import LogRegistry
 from dstl_server.service import ChangelogService, register
 from dstl_server.settings import ServerSettings
 from dstl_server.storage import BlobStore, open_store
+from dstl_server.storage.cached import CachedBlobStore
 from dstl_server.uploader import Uploader
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,9 @@ def loop_time() -> float:
     return asyncio.get_running_loop().time()
 
 
+#: an object larger than read_cache_bytes / this is not cached (one object never
+#: empties the whole cache)
+READ_CACHE_OBJECT_SHARE = 4
 #: how often freed heap memory is handed back to the OS
 _TRIM_PERIOD_S = 2.0
 
@@ -62,7 +66,19 @@ class DstlServer:
         self.settings = settings
         self.metrics = ServerMetrics()
         self.epoch = uuid.uuid4().hex
-        self.store = store or open_store(settings.storage, settings)
+        opened = store or open_store(settings.storage, settings)
+        # What this sidecar uploads is kept (bounded) for the reads of a restore on
+        # this node; uploads, reads and discards all go through it.
+        self.store: BlobStore = (
+            CachedBlobStore(
+                opened,
+                settings.read_cache_bytes,
+                max_object_bytes=settings.read_cache_bytes // READ_CACHE_OBJECT_SHARE,
+                metrics=self.metrics,
+            )
+            if settings.read_cache_bytes > 0
+            else opened
+        )
         # One UploadExecutor: retries, hedging (unless hedge_mode is 'off'), one deadline.
         self.uploader = uploader or make_uploader(self.store, settings, self.metrics)
         # With a parent (forwarding tree), small flushes go to it; else it is None.

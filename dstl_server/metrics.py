@@ -236,6 +236,15 @@ class ServerMetrics:
         )
         self.reads = Counter("dstl_read_requests", "ReadChanges calls", registry=r)
         self.read_bytes = Counter("dstl_read_bytes", "Bytes of objects read", registry=r)
+        self.read_cache_hits = Counter(
+            "dstl_read_cache_hits", "Object reads served from the read cache", registry=r
+        )
+        self.read_cache_misses = Counter(
+            "dstl_read_cache_misses", "Object reads that went to the store", registry=r
+        )
+        self.read_cache_bytes = Gauge(
+            "dstl_read_cache_bytes", "Bytes of object bodies in the read cache", registry=r
+        )
         self.list_requests = Counter(
             "dstl_list_requests", "ListObjects calls (pages of a job's object listing)", registry=r
         )

@@ -112,6 +112,12 @@ class ServerSettings:
         64 * MiB, "Largest gRPC message accepted (one append batch).", unit="bytes"
     )
     max_concurrent_uploads: int = _setting(4, "Objects uploaded at the same time.")
+    read_cache_bytes: int = _setting(
+        64 * MiB,
+        "Bodies of objects this sidecar uploaded kept in memory for reads (restores on this"
+        " node); 0: off.",
+        unit="bytes",
+    )
     upload_timeout_s: float = _setting(10.0, "Deadline of one upload attempt.", unit="s")
     upload_max_attempts: int = _setting(3, "Attempts per upload, the first included.")
     upload_retry_base_delay_ms: float = _setting(

@@ -49,6 +49,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--load-batch-keys", type=int, help=f"({d.load_batch_keys:,})")
     parser.add_argument("--repeat", type=int, help=f"whole-job restores per record ({d.repeat})")
     parser.add_argument("--driver-memory", help=f"Spark driver memory ({d.driver_memory})")
+    parser.add_argument(
+        "--read-cache-bytes",
+        type=int,
+        help="the sidecar's read cache (server default; 0: every read from S3, as on another"
+        " node than the writer's)",
+    )
     parser.add_argument("--skip-spark", action="store_true", help="no Spark RocksDB job (c)")
     parser.add_argument("--report-dir", type=Path, default=DEFAULT_REPORT_DIR)
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: temp)")
@@ -63,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_batch_keys": ns.load_batch_keys,
         "repeat": ns.repeat,
         "driver_memory": ns.driver_memory,
+        "read_cache_bytes": ns.read_cache_bytes,
     }
     cfg = replace(
         d, spark=not ns.skip_spark, **{k: v for k, v in overrides.items() if v is not None}
@@ -70,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     positive = ("keys", "job_parallelism", "load_batch_keys", "repeat")
     if any(getattr(cfg, name) < 1 for name in positive):
         parser.error(f"{', '.join(positive)} must be positive")
+    if cfg.read_cache_bytes is not None and cfg.read_cache_bytes < 0:
+        parser.error("--read-cache-bytes must be >= 0")
     if cfg.value_bytes < 8:
         parser.error("--value-bytes must be >= 8")
     if not 0 < cfg.update_fraction <= 1:

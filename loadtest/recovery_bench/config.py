@@ -40,6 +40,10 @@ class BenchConfig:
     #: restore of the whole job at each parallelism, repeated (the best is reported)
     repeat: int = 1
     driver_memory: str = "3g"
+    #: the sidecar's read cache (None: the server's default). The restores read
+    #: through the sidecar that wrote the changelog: with the cache they measure a
+    #: restore on the writing node, with 0 one on another node (every read from S3)
+    read_cache_bytes: int | None = None
 
     @property
     def max_tail(self) -> int:

@@ -51,7 +51,14 @@ def run_dstl(cfg: BenchConfig, work: Path, log: Callable[[str], None] = print) -
         sidecar = ServerProcess(
             work / "sidecar",
             storage=s3.storage_url("recovery"),
-            extra_args=s3.server_args(),
+            extra_args=[
+                *s3.server_args(),
+                *(
+                    ()
+                    if cfg.read_cache_bytes is None
+                    else ("--read-cache-bytes", str(cfg.read_cache_bytes))
+                ),
+            ],
             env=s3.env(),
         )
         stack.enter_context(sidecar)

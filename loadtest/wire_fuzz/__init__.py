@@ -33,8 +33,9 @@ seed, the worker and call number, and the calls around it):
   checked by every worker every ``HEALTH_EVERY_CALLS`` calls and by a monitor
   thread every ``MONITOR_INTERVAL_S``.
 * ``rss``: the server's RSS (sampled every ``MONITOR_INTERVAL_S``) stays
-  below ``start RSS + 4 x max_in_flight_bytes + 96 MiB`` (about 280 MiB with the
-  fuzz settings). The sidecar bounds what it holds by ``max_in_flight_bytes``
+  below ``start RSS + 4 x max_in_flight_bytes + read_cache_bytes + 96 MiB``
+  (about 300 MiB with the fuzz settings; the read cache keeps up to
+  ``read_cache_bytes`` of the objects the sidecar uploaded). The sidecar bounds what it holds by ``max_in_flight_bytes``
   (one request may overcommit it by one request's worth of parts); on top
   come objects being encoded (about the in-flight bytes again), the requests
   being decoded (a few times ``max_request_bytes`` each) and allocator slack.

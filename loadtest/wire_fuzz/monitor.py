@@ -69,6 +69,7 @@ class Monitor(threading.Thread):
                     f"server RSS {rss / MiB:.0f} MiB > bound {r.rss_bound / MiB:.0f} MiB "
                     f"(start {r.rss_start / MiB:.0f} + {RSS_IN_FLIGHT_FACTOR} x "
                     f"max_in_flight {run.settings.max_in_flight_bytes / MiB:.0f} + "
+                    f"read cache {run.settings.read_cache_bytes / MiB:.0f} + "
                     f"{RSS_SLACK_BYTES / MiB:.0f})",
                     "see context",
                     context=run.context(),

@@ -24,7 +24,8 @@ HEALTH_TIMEOUT_S = 1.0
 HEALTH_EVERY_CALLS = 25
 #: the monitor thread checks health and samples RSS this often
 MONITOR_INTERVAL_S = 0.25
-#: RSS bound: start RSS + RSS_IN_FLIGHT_FACTOR x max_in_flight_bytes + RSS_SLACK_BYTES
+#: RSS bound: start RSS + RSS_IN_FLIGHT_FACTOR x max_in_flight_bytes + read_cache_bytes
+#: + RSS_SLACK_BYTES
 RSS_IN_FLIGHT_FACTOR = 4
 #: (64 MiB until a 2-core CI run peaked 4 MiB over it for half a second, at 252 MiB,
 #: while decoding 200k-part requests and 2 MB of garbage, back to 137 MiB 5 s later;
@@ -118,6 +119,8 @@ class FuzzSettings:
     upload_timeout_s: float = 2.0
     upload_deadline_s: float = 5.0
     persist_delay_ms: float = 5.0
+    #: what the sidecar keeps of its uploads for reads: counted in the RSS bound
+    read_cache_bytes: int = 16 * MiB
 
     def server_args(self) -> list[str]:
         args: list[str] = []
@@ -127,4 +130,8 @@ class FuzzSettings:
 
     @property
     def rss_allowance(self) -> int:
-        return RSS_IN_FLIGHT_FACTOR * self.max_in_flight_bytes + RSS_SLACK_BYTES
+        return (
+            RSS_IN_FLIGHT_FACTOR * self.max_in_flight_bytes
+            + self.read_cache_bytes
+            + RSS_SLACK_BYTES
+        )

@@ -161,6 +161,11 @@ def test_handle_bytes_cross_processes(tmp_path: Path) -> None:
         w.close()
 
 
+#: reads go to the store: the damage is done at rest, on the store's copy (the read
+#: cache holds what this sidecar uploaded; see test_cached_reads_skip_the_store)
+NO_READ_CACHE = ("--read-cache-bytes", "0")
+
+
 class TestDamagedObjects:
     """A damaged object is reported as a typed error, never returned as data."""
 
@@ -195,7 +200,10 @@ class TestDamagedObjects:
     @pytest.mark.parametrize("where", ["payload", "log_header", "kg_checksum"])
     def test_flipped_byte(self, tmp_path: Path, where: str) -> None:
         root = tmp_path / "srv"
-        with ServerProcess(root) as proc, ChangelogClient(proc.address) as client:
+        with (
+            ServerProcess(root, extra_args=NO_READ_CACHE) as proc,
+            ChangelogClient(proc.address) as client,
+        ):
             h_victim, h_later, h_other = self._two_checkpoints(client)
             entry = h_victim.entries[0]
             path = object_path(root, entry.object_key)
@@ -217,7 +225,10 @@ class TestDamagedObjects:
 
     def test_truncated_object(self, tmp_path: Path) -> None:
         root = tmp_path / "srv"
-        with ServerProcess(root) as proc, ChangelogClient(proc.address) as client:
+        with (
+            ServerProcess(root, extra_args=NO_READ_CACHE) as proc,
+            ChangelogClient(proc.address) as client,
+        ):
             h_victim, h_later, h_other = self._two_checkpoints(client)
             entry = h_victim.entries[0]
             path = object_path(root, entry.object_key)
@@ -232,7 +243,10 @@ class TestDamagedObjects:
 
     def test_deleted_object(self, tmp_path: Path) -> None:
         root = tmp_path / "srv"
-        with ServerProcess(root) as proc, ChangelogClient(proc.address) as client:
+        with (
+            ServerProcess(root, extra_args=NO_READ_CACHE) as proc,
+            ChangelogClient(proc.address) as client,
+        ):
             h_victim, h_later, h_other = self._two_checkpoints(client)
             key = h_victim.entries[0].object_key
             object_path(root, key).unlink()
@@ -241,3 +255,19 @@ class TestDamagedObjects:
             assert key.rsplit("/", 1)[-1] in err.value.message
             assert err.value.grpc_code == "NOT_FOUND"
             self._assert_others_fine(client, h_other, h_later)
+
+
+def test_cached_reads_skip_the_store(tmp_path: Path) -> None:
+    """What this sidecar uploaded is read back from its memory (a restore on this node)."""
+    root = tmp_path / "srv"
+    with ServerProcess(root) as proc, ChangelogClient(proc.address) as client:
+        h_victim, h_later, _ = TestDamagedObjects._two_checkpoints(client)
+        object_path(root, h_victim.entries[0].object_key).unlink()  # the store's copy
+        assert [(kg, d) for kg, _, d in read_all(client, h_victim)] == [
+            (kg, f"victim-{kg}".encode() * 100) for kg in range(4)
+        ]
+        assert [d for _, _, d in read_all(client, h_later)] == [b"later"]
+        metrics = proc.scrape_metrics()
+        assert metrics["dstl_read_cache_hits_total"] >= 2
+        assert metrics["dstl_read_cache_misses_total"] == 0
+        assert metrics["dstl_read_cache_bytes"] > 0
