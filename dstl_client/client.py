@@ -121,11 +121,21 @@ class ChangelogClient:
     def read_changesets(
         self, handle: ChangelogHandle, key_groups: Iterable[int] | None = None
     ) -> Iterator[ChangesetView]:
-        """Changesets of the handle (packed), per key group in SQN order."""
-        req = pb.ReadChangesRequest(handle=handle.to_proto(), key_groups=list(key_groups or ()))
+        """Changesets of the handle (packed), per key group in SQN order.
+
+        Asks for batched messages (several changesets each); a sidecar that
+        predates them sends one per message, which reads the same.
+        """
+        req = pb.ReadChangesRequest(
+            handle=handle.to_proto(), key_groups=list(key_groups or ()), batched=True
+        )
         try:
             for msg in self._stub.ReadChanges(req, timeout=self.timeout_s, metadata=self._metadata):
-                yield ChangesetView(msg.key_group, msg.sqn, msg.count, msg.sizes, msg.payload)
+                if msg.changesets:
+                    for cs in msg.changesets:
+                        yield ChangesetView(cs.key_group, cs.sqn, cs.count, cs.sizes, cs.payload)
+                else:
+                    yield ChangesetView(msg.key_group, msg.sqn, msg.count, msg.sizes, msg.payload)
         except grpc.RpcError as exc:
             raise to_dstl_error(exc, self.target) from None
 

@@ -111,6 +111,11 @@ def _unary(
 
 #: room left in a ReadChanges message for everything but sizes and payload
 RESPONSE_MARGIN_BYTES = 32 << 10
+#: a batched ReadChanges message is sent once its changesets reach this many bytes
+#: (a larger changeset piece goes alone, up to the message limit)
+READ_BATCH_BYTES = 1 << 20
+#: upper bound of a Changeset's framing and numbers inside a batched message
+_CHANGESET_FIXED_BOUND = 48
 #: upper bounds of an encoded PersistResponse beyond its strings: the message
 #: and handle framing with every number field at its widest (10-byte varints),
 #: and per entry its framing and numbers; a string adds at most 4 bytes per
@@ -148,6 +153,8 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         #: sizes + payload per ReadChanges message; the rest of the message limit
         #: is left for the header fields (settings keep 64 KiB free)
         self._max_response_bytes = registry.settings.max_request_bytes - RESPONSE_MARGIN_BYTES
+        #: a batched message holds changesets up to this many bytes (framing included)
+        self._read_batch_bytes = min(READ_BATCH_BYTES, self._max_response_bytes)
         self._accepting = True
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -324,17 +331,37 @@ class ChangelogService(pb_grpc.ChangelogServicer):
             for key in handle.object_keys:
                 check_key_of_job(handle.job_id, key)
             key_groups = list(request.key_groups) or None
+            batch: list[pb.Changeset] = []
+            batch_bytes = 0
             async for changeset in self.reader.read(handle, key_groups):
                 # One changeset may outgrow a message (every append between two
                 # persists): send it in pieces that fit.
                 for view in changeset.split(self._max_response_bytes):
-                    yield pb.ReadChangesResponse(
-                        key_group=view.key_group,
-                        sqn=view.sqn,
-                        count=view.count,
-                        sizes=view.sizes,
-                        payload=view.payload,
+                    if not request.batched:
+                        yield pb.ReadChangesResponse(
+                            key_group=view.key_group,
+                            sqn=view.sqn,
+                            count=view.count,
+                            sizes=view.sizes,
+                            payload=view.payload,
+                        )
+                        continue
+                    size = len(view.sizes) + len(view.payload) + _CHANGESET_FIXED_BOUND
+                    if batch and batch_bytes + size > self._read_batch_bytes:
+                        yield pb.ReadChangesResponse(changesets=batch)
+                        batch, batch_bytes = [], 0
+                    batch.append(
+                        pb.Changeset(
+                            key_group=view.key_group,
+                            sqn=view.sqn,
+                            count=view.count,
+                            sizes=view.sizes,
+                            payload=view.payload,
+                        )
                     )
+                    batch_bytes += size
+            if batch:
+                yield pb.ReadChangesResponse(changesets=batch)
         except Exception as exc:
             await _abort(context, exc, self.metrics)
         finally:

@@ -439,6 +439,13 @@ class ReadChangesRequest(_message.Message):
 
     HANDLE_FIELD_NUMBER: _builtins.int
     KEY_GROUPS_FIELD_NUMBER: _builtins.int
+    BATCHED_FIELD_NUMBER: _builtins.int
+    batched: _builtins.bool
+    """The caller reads `changesets`: the server may put several changesets in
+    one message (about 1 MiB of them; one per key group and checkpoint is
+    many small messages, each costing more than its bytes). Without it, every
+    message carries one changeset in the singular fields (older clients).
+    """
     @_builtins.property
     def handle(self) -> Global___Handle: ...
     @_builtins.property
@@ -450,17 +457,18 @@ class ReadChangesRequest(_message.Message):
         *,
         handle: Global___Handle | None = ...,
         key_groups: _abc.Iterable[_builtins.int] | None = ...,
+        batched: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["handle", b"handle"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handle", b"handle", "key_groups", b"key_groups"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batched", b"batched", "handle", b"handle", "key_groups", b"key_groups"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReadChangesRequest: _TypeAlias = ReadChangesRequest  # noqa: Y015
 
 @_typing.final
-class ReadChangesResponse(_message.Message):
+class Changeset(_message.Message):
     """Changes of one changeset of one key group, packed as in KeyGroupChanges."""
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -487,6 +495,45 @@ class ReadChangesResponse(_message.Message):
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "key_group", b"key_group", "payload", b"payload", "sizes", b"sizes", "sqn", b"sqn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Changeset: _TypeAlias = Changeset  # noqa: Y015
+
+@_typing.final
+class ReadChangesResponse(_message.Message):
+    """Unbatched: one changeset in fields 1-5. Batched: `changesets` only, in the
+    order an unbatched read would send them (fields 1-5 unset).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_GROUP_FIELD_NUMBER: _builtins.int
+    SQN_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    SIZES_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    CHANGESETS_FIELD_NUMBER: _builtins.int
+    key_group: _builtins.int
+    sqn: _builtins.int
+    count: _builtins.int
+    sizes: _builtins.bytes
+    payload: _builtins.bytes
+    @_builtins.property
+    def changesets(self) -> _containers.RepeatedCompositeFieldContainer[Global___Changeset]: ...
+    def __init__(
+        self,
+        *,
+        key_group: _builtins.int = ...,
+        sqn: _builtins.int = ...,
+        count: _builtins.int = ...,
+        sizes: _builtins.bytes = ...,
+        payload: _builtins.bytes = ...,
+        changesets: _abc.Iterable[Global___Changeset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changesets", b"changesets", "count", b"count", "key_group", b"key_group", "payload", b"payload", "sizes", b"sizes", "sqn", b"sqn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

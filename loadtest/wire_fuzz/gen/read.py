@@ -64,7 +64,8 @@ class ReadCalls(GenBase):
         else:
             job, h = self.synthetic_handle()
         other_keys = [e.object_key for j, hh in handles if j != job for e in hh.entries]
-        req = pb.ReadChangesRequest()
+        # both answer shapes: batched (what the client asks for) and one per message
+        req = pb.ReadChangesRequest(batched=rng.random() < 0.5)
         labels: list[str] = []
         n_mut = 0 if rng.random() < 0.15 else rng.randint(1, 3)
         for _ in range(n_mut):
