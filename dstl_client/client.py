@@ -127,7 +127,10 @@ class ChangelogClient:
         predates them sends one per message, which reads the same.
         """
         req = pb.ReadChangesRequest(
-            handle=handle.to_proto(), key_groups=list(key_groups or ()), batched=True
+            handle=handle.to_proto(),
+            key_groups=list(key_groups or ()),
+            batched=True,
+            max_message_bytes=min(self.max_message_bytes, 0xFFFF_FFFF),
         )
         try:
             for msg in self._stub.ReadChanges(req, timeout=self.timeout_s, metadata=self._metadata):

@@ -116,6 +116,8 @@ RESPONSE_MARGIN_BYTES = 32 << 10
 READ_BATCH_BYTES = 1 << 20
 #: upper bound of a Changeset's framing and numbers inside a batched message
 _CHANGESET_FIXED_BOUND = 48
+#: a caller's max_message_bytes never makes messages carry less than this
+MIN_READ_MESSAGE_BYTES = 64 << 10
 #: upper bounds of an encoded PersistResponse beyond its strings: the message
 #: and handle framing with every number field at its widest (10-byte varints),
 #: and per entry its framing and numbers; a string adds at most 4 bytes per
@@ -331,12 +333,19 @@ class ChangelogService(pb_grpc.ChangelogServicer):
             for key in handle.object_keys:
                 check_key_of_job(handle.job_id, key)
             key_groups = list(request.key_groups) or None
+            piece_limit = self._max_response_bytes
+            if request.max_message_bytes:  # the caller's receive limit
+                piece_limit = min(
+                    piece_limit,
+                    max(MIN_READ_MESSAGE_BYTES, request.max_message_bytes - RESPONSE_MARGIN_BYTES),
+                )
+            batch_limit = min(self._read_batch_bytes, piece_limit)
             batch: list[pb.Changeset] = []
             batch_bytes = 0
             async for changeset in self.reader.read(handle, key_groups):
                 # One changeset may outgrow a message (every append between two
                 # persists): send it in pieces that fit.
-                for view in changeset.split(self._max_response_bytes):
+                for view in changeset.split(piece_limit):
                     if not request.batched:
                         yield pb.ReadChangesResponse(
                             key_group=view.key_group,
@@ -347,7 +356,7 @@ class ChangelogService(pb_grpc.ChangelogServicer):
                         )
                         continue
                     size = len(view.sizes) + len(view.payload) + _CHANGESET_FIXED_BOUND
-                    if batch and batch_bytes + size > self._read_batch_bytes:
+                    if batch and batch_bytes + size > batch_limit:
                         yield pb.ReadChangesResponse(changesets=batch)
                         batch, batch_bytes = [], 0
                     batch.append(

@@ -83,3 +83,26 @@ def test_batches_stay_near_a_mebibyte_and_a_large_changeset_goes_in_pieces(
     with ChangelogClient(proc.address, timeout_s=30, max_message_bytes=LIMIT) as client:
         got = [(kg, d) for kg, _, d in client.read_changes(handle)]
     assert got == [(kg, d) for kg, changes in enumerate(per_kg) for d in changes]
+
+
+def test_every_message_fits_the_receive_limit_the_caller_names(proc: ServerProcess) -> None:
+    per_kg = [[secrets.token_bytes(16 * KiB) for _ in range(3)] for _ in range(63)]
+    per_kg.append([secrets.token_bytes(100 * KiB) for _ in range(12)])
+    handle = persisted(proc, per_kg)
+    limit = 256 * KiB
+    channel, stub = raw_stub(proc.address)
+    try:
+        for batched in (True, False):
+            req = pb.ReadChangesRequest(
+                handle=handle.to_proto(), batched=batched, max_message_bytes=limit
+            )
+            sizes = [msg.ByteSize() for msg in stub.ReadChanges(req, timeout=30)]
+            assert max(sizes) <= limit, (batched, max(sizes))
+    finally:
+        channel.close()
+    # the client names its own limit: a 256 KiB client reads it all
+    with ChangelogClient(
+        proc.address, timeout_s=30, max_message_bytes=limit, batch_bytes=64 * KiB
+    ) as client:
+        got = [(kg, d) for kg, _, d in client.read_changes(handle)]
+    assert got == [(kg, d) for kg, changes in enumerate(per_kg) for d in changes]

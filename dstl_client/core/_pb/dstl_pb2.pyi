@@ -440,11 +440,17 @@ class ReadChangesRequest(_message.Message):
     HANDLE_FIELD_NUMBER: _builtins.int
     KEY_GROUPS_FIELD_NUMBER: _builtins.int
     BATCHED_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     batched: _builtins.bool
     """The caller reads `changesets`: the server may put several changesets in
     one message (about 1 MiB of them; one per key group and checkpoint is
     many small messages, each costing more than its bytes). Without it, every
     message carries one changeset in the singular fields (older clients).
+    """
+    max_message_bytes: _builtins.int
+    """The largest message the caller accepts (its gRPC receive limit); the
+    server keeps every message of the answer below it (at least 64 KiB of
+    changes per message). 0: the server's own message limit.
     """
     @_builtins.property
     def handle(self) -> Global___Handle: ...
@@ -458,10 +464,11 @@ class ReadChangesRequest(_message.Message):
         handle: Global___Handle | None = ...,
         key_groups: _abc.Iterable[_builtins.int] | None = ...,
         batched: _builtins.bool = ...,
+        max_message_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["handle", b"handle"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batched", b"batched", "handle", b"handle", "key_groups", b"key_groups"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batched", b"batched", "handle", b"handle", "key_groups", b"key_groups", "max_message_bytes", b"max_message_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
