@@ -1,7 +1,9 @@
 """Planning a batch and judging its tasks' results: the plan, completeness, materialization.
 
 Materialization is time-driven: when ``materialize_interval_s`` has passed
-since the last one completed, the next plan starts a round, which runs in the
+since the last one completed (or, with ``materialize_tail_ratio``, once the
+changelog a restore would replay outgrew that share of the materialized
+state: :func:`tail_outgrew`), the next plan starts a round, which runs in the
 background across batches (see :class:`MaterializationSchedule`; at most one
 at a time). A round that failed in some subtask counts as a failure; after
 ``max_materialization_failures`` in a row the job stops with
@@ -110,6 +112,20 @@ class MatRound:
     bytes: int = 0
 
 
+def tail_outgrew(record: CheckpointRecord | None, ratio: float) -> bool:
+    """Whether ``record``'s changelog tail is over ``ratio`` times its materialized state.
+
+    Both in stored bytes: the segments a restore from the record replays
+    against the parts it loads. ``ratio`` 0 (the default): never. With no
+    materialization yet, any tail is over.
+    """
+    if record is None or ratio <= 0 or not record.segments:
+        return False
+    tail = sum(seg.handle.stored_bytes for seg in record.segments)
+    base = sum(h.stored_bytes for h in record.parts.values())
+    return tail > ratio * base
+
+
 class MaterializationSchedule:
     """When the next materialization round is due, the one in flight, and failures in a row.
 
@@ -164,13 +180,26 @@ class MaterializationSchedule:
         self._last_done = self._clock()
         self.round = None
 
-    def due(self, interval_s: float) -> bool:
-        return self.round is None and self._clock() - self._last_done >= interval_s
+    def due(self, interval_s: float, tail_due: bool = False) -> bool:
+        """No round in flight and ``interval_s`` passed since the last one, or ``tail_due``."""
+        if self.round is not None:
+            return False
+        return tail_due or self._clock() - self._last_done >= interval_s
 
     def plan(
-        self, latest_batch: int | None, parallelism: int, interval_s: float, timeout_s: float
+        self,
+        latest_batch: int | None,
+        parallelism: int,
+        interval_s: float,
+        timeout_s: float,
+        tail_due: bool = False,
     ) -> tuple[bool, int]:
-        """``(materialize, mat_round)`` for the next plan; starts a round when one is due."""
+        """``(materialize, mat_round)`` for the next plan; starts a round when one is due.
+
+        ``tail_due``: the latest record's changelog tail outgrew the
+        materialized state (:func:`tail_outgrew`): a round starts whatever
+        the interval.
+        """
         now = self._clock()
         r = self.round
         if r is not None and r.parallelism != parallelism:
@@ -181,7 +210,7 @@ class MaterializationSchedule:
             self._end(
                 [*r.errors, f"subtasks {missing}: not finished {timeout_s:g}s after it started"]
             )
-        if latest_batch is not None and self.due(interval_s):
+        if latest_batch is not None and self.due(interval_s, tail_due):
             self.round = MatRound(
                 latest_batch, parallelism, now, uuid.uuid4().hex, set(range(parallelism))
             )

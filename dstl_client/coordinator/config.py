@@ -126,6 +126,11 @@ class CheckpointSettings:
     #: checkpoints kept (the newest); older ones are dropped with their objects
     retain: int = 2
     materialize_interval_s: float = 30.0
+    #: also start a materialization as soon as the changelog a restore would replay
+    #: (stored bytes of the record's segments) exceeds this fraction of the
+    #: materialized state (stored bytes of its parts): bounds restore time whatever
+    #: the update rate, at the cost of uploading the state more often (0: by time only)
+    materialize_tail_ratio: float = 0.0
     #: a materialization runs in the background across batches; a task that started one
     #: waits this long for it before leaving it running (0: it never holds a batch)
     materialization_wait_s: float = 0.0
@@ -179,6 +184,8 @@ class CheckpointSettings:
             raise ConfigError(f"retain={self.retain}: keep at least one checkpoint")
         if self.materialize_interval_s < 0:
             raise ConfigError("materialize_interval_s must be >= 0")
+        if not 0 <= self.materialize_tail_ratio < float("inf"):
+            raise ConfigError("materialize_tail_ratio must be a finite number >= 0")
         if not 0 <= self.checkpoint_interval_s < float("inf"):
             raise ConfigError("checkpoint_interval_s must be a finite number >= 0")
         if self.tolerable_failed_checkpoints < 0:

@@ -44,6 +44,7 @@ from dstl_client.coordinator.batches import (
     MaterializationSchedule,
     check_results,
     make_plan,
+    tail_outgrew,
 )
 from dstl_client.coordinator.cleanup import OrphanSweeper
 from dstl_client.coordinator.config import CheckpointSettings, CoordinatorConfig
@@ -365,6 +366,7 @@ class CheckpointCoordinator:
                 parallelism,
                 cfg.materialize_interval_s,
                 cfg.materialization_timeout_s,
+                tail_due=tail_outgrew(latest, cfg.materialize_tail_ratio),
             )
             plan = make_plan(
                 cfg,

@@ -262,3 +262,25 @@ def test_close_writers_closes_the_last_batchs_writers(
     coord.complete_batch(plan, results)
     assert final_state(coord, client) == reference(BATCHES[:2])
     coord.close()
+
+
+def test_a_long_tail_starts_a_materialization_before_the_interval(
+    tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
+) -> None:
+    # every batch rewrites most of the 50 keys: a batch's changelog outweighs half
+    # the materialized state, so with the ratio a round follows each one that ended
+    for ratio, job in ((0.0, "by-time"), (0.5, "by-tail")):
+        coord = make_coordinator(
+            tmp_path / job, sidecar.address, job_id=job, materialize_tail_ratio=ratio
+        )
+        run = runner(coord, 2, client)
+        for b in range(5):
+            assert run.run_batch(b, BATCHES[b]) is not None
+        materialized = [h.batch_id for h in coord.history if h.materialized]
+        if ratio == 0:
+            assert materialized == []  # the hour-long interval never came
+        else:
+            assert len(materialized) >= 2, materialized
+            latest = coord.latest
+            assert latest is not None and latest.parts
+        assert final_state(coord, client) == reference(BATCHES[:5])

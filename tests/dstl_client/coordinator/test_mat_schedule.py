@@ -6,7 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from dstl_client.coordinator.batches import MaterializationFailed, MaterializationSchedule
+from dstl_client.coordinator.batches import (
+    MaterializationFailed,
+    MaterializationSchedule,
+    tail_outgrew,
+)
 from dstl_client.coordinator.messages import (
     MAT_NOT_HERE,
     MAT_PROCESS_EXITED,
@@ -14,7 +18,8 @@ from dstl_client.coordinator.messages import (
     MatResult,
     TaskResult,
 )
-from dstl_client.coordinator.records import NO_BATCH
+from dstl_client.coordinator.records import NO_BATCH, CheckpointRecord, Segment
+from dstl_client.core.handle import ChangelogHandle, HandleEntry
 from dstl_client.keygroups import key_group_range_for_operator
 
 MAX_P = 8
@@ -201,3 +206,43 @@ def test_after_a_lost_upload_the_next_rounds_wait_inside_their_batch(reason: str
     res = s.accepted(plan(s, 4, 2, True, 3), [result(4, 0, 2, 3), result(4, 1, 2, 3)])
     assert s.completed(res) is True
     assert s.wait_s(0.0, 600.0) == 0.0
+
+
+def handle(nbytes: int) -> ChangelogHandle:
+    """A handle of one section of ``nbytes`` (what the trigger weighs)."""
+    entry = HandleEntry(object_key="j/aa/x.dstl", offset=0, length=nbytes, first_sqn=0, end_sqn=1)
+    return ChangelogHandle("j", "0" * 32, (0, MAX_P - 1), 0, 1, (entry,))
+
+
+def record(part_bytes: list[int], tail_bytes: list[int]) -> CheckpointRecord:
+    return CheckpointRecord(
+        job_id="j",
+        operator_id="op",
+        batch_id=9,
+        max_parallelism=MAX_P,
+        parallelism=1,
+        subtasks=(),
+        parts={f"p{i}": handle(n) for i, n in enumerate(part_bytes)},
+        segments=tuple(Segment(b, 0, MAX_P - 1, handle(n)) for b, n in enumerate(tail_bytes)),
+    )
+
+
+def test_the_tail_trigger_weighs_the_replayed_changelog_against_the_materialized_state() -> None:
+    assert not tail_outgrew(None, 0.5)
+    assert not tail_outgrew(record([1000], [400, 400]), 0)  # 0: by time only
+    assert not tail_outgrew(record([600, 400], [300, 200]), 0.5)  # 500 of 1000: not over
+    assert tail_outgrew(record([600, 400], [300, 201]), 0.5)
+    assert tail_outgrew(record([], [1]), 0.5)  # nothing materialized yet
+    assert not tail_outgrew(record([1000], []), 0.5)  # no tail
+
+
+def test_a_tail_over_the_ratio_starts_a_round_before_the_interval() -> None:
+    clock = Clock()
+    s = MaterializationSchedule(clock)
+    assert s.plan(4, 2, interval_s=3600, timeout_s=600) == (False, NO_BATCH)
+    assert s.plan(4, 2, 3600, 600, tail_due=True) == (True, 4)
+    # one round at a time: a tail still over the ratio starts no other
+    assert s.plan(5, 2, 3600, 600, tail_due=True) == (False, 4)
+    res = s.accepted(plan(s, 5, 2, False, 4), [result(5, 0, 2, 4), result(5, 1, 2, 4)])
+    assert s.completed(res) is True
+    assert s.plan(5, 2, 3600, 600) == (False, NO_BATCH)  # the tail is short again
