@@ -27,6 +27,7 @@ from dstl_client.core.errors import (
     ShuttingDown,
     SqnOutOfRange,
 )
+from dstl_client.core.format import ChangesetView
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.core.keys import check_job_id, check_key_of_job, job_prefix
 from dstl_client.core.reader import HandleReader
@@ -124,6 +125,40 @@ MIN_READ_MESSAGE_BYTES = 64 << 10
 #: character (UTF-8)
 _HANDLE_FIXED_BOUND = 128
 _ENTRY_FIXED_BOUND = 72
+
+
+def _changeset_fields(view: ChangesetView) -> dict[str, Any]:
+    return {
+        "key_group": view.key_group,
+        "sqn": view.sqn,
+        "count": view.count,
+        "sizes": view.sizes,
+        "payload": view.payload,
+    }
+
+
+async def _batched_messages(
+    changesets: AsyncIterator[ChangesetView], piece_limit: int, batch_limit: int
+) -> AsyncIterator[pb.ReadChangesResponse]:
+    """``ReadChanges`` answers of several changesets each, in read order.
+
+    A changeset larger than ``piece_limit`` (every append of a key group
+    between two persists) goes in pieces of at most that many bytes; a
+    message holds changesets up to ``batch_limit`` bytes, framing included,
+    or one piece alone.
+    """
+    batch: list[pb.Changeset] = []
+    batch_bytes = 0
+    async for changeset in changesets:
+        for view in changeset.split(piece_limit):
+            size = len(view.sizes) + len(view.payload) + _CHANGESET_FIXED_BOUND
+            if batch and batch_bytes + size > batch_limit:
+                yield pb.ReadChangesResponse(changesets=batch)
+                batch, batch_bytes = [], 0
+            batch.append(pb.Changeset(**_changeset_fields(view)))
+            batch_bytes += size
+    if batch:
+        yield pb.ReadChangesResponse(changesets=batch)
 
 
 class ChangelogService(pb_grpc.ChangelogServicer):
@@ -339,38 +374,15 @@ class ChangelogService(pb_grpc.ChangelogServicer):
                     piece_limit,
                     max(MIN_READ_MESSAGE_BYTES, request.max_message_bytes - RESPONSE_MARGIN_BYTES),
                 )
-            batch_limit = min(self._read_batch_bytes, piece_limit)
-            batch: list[pb.Changeset] = []
-            batch_bytes = 0
-            async for changeset in self.reader.read(handle, key_groups):
-                # One changeset may outgrow a message (every append between two
-                # persists): send it in pieces that fit.
-                for view in changeset.split(piece_limit):
-                    if not request.batched:
-                        yield pb.ReadChangesResponse(
-                            key_group=view.key_group,
-                            sqn=view.sqn,
-                            count=view.count,
-                            sizes=view.sizes,
-                            payload=view.payload,
-                        )
-                        continue
-                    size = len(view.sizes) + len(view.payload) + _CHANGESET_FIXED_BOUND
-                    if batch and batch_bytes + size > batch_limit:
-                        yield pb.ReadChangesResponse(changesets=batch)
-                        batch, batch_bytes = [], 0
-                    batch.append(
-                        pb.Changeset(
-                            key_group=view.key_group,
-                            sqn=view.sqn,
-                            count=view.count,
-                            sizes=view.sizes,
-                            payload=view.payload,
-                        )
-                    )
-                    batch_bytes += size
-            if batch:
-                yield pb.ReadChangesResponse(changesets=batch)
+            views = self.reader.read(handle, key_groups)
+            if request.batched:
+                batch_limit = min(self._read_batch_bytes, piece_limit)
+                async for msg in _batched_messages(views, piece_limit, batch_limit):
+                    yield msg
+            else:
+                async for changeset in views:
+                    for view in changeset.split(piece_limit):
+                        yield pb.ReadChangesResponse(**_changeset_fields(view))
         except Exception as exc:
             await _abort(context, exc, self.metrics)
         finally:
