@@ -127,7 +127,14 @@ class S3BlobStore(BlobStore):
             retries={"total_max_attempts": 1, "mode": "standard"},
             # Custom endpoints (MinIO, SeaweedFS, Ceph, IP addresses) need
             # path-style; AWS itself keeps its default.
-            s3={"addressing_style": "path" if endpoint_url else "auto"},
+            s3={
+                "addressing_style": "path" if endpoint_url else "auto",
+                # no SHA-256 of the body in the signature, also over plain HTTP: the
+                # CRC32 checksum already protects it (S3 rejects a damaged body) and
+                # every section carries its own CRC; hashing cost 15 % of the
+                # sidecar's CPU in a materialization
+                "payload_signing_enabled": False,
+            },
             request_checksum_calculation="when_supported",
             response_checksum_validation="when_supported",
             tcp_keepalive=True,
