@@ -30,6 +30,9 @@ from dstl_client.coordinator.records import CheckpointRecord
 #: a file holding another version of ``dstl_client/state/restore.py`` to measure instead
 #: (before/after figures: ``git show REV:dstl_client/state/restore.py > FILE``)
 IMPL_ENV = "RECOVERY_BENCH_RESTORE_IMPL"
+#: set: each worker profiles its restore (cProfile) into ``restorer-<index>.prof`` in its
+#: work directory (``python -m pstats``; where a restore's time goes)
+PROFILE_ENV = "RECOVERY_BENCH_PROFILE"
 #: how long a worker may take to start, and to restore
 START_TIMEOUT_S = 60.0
 RESTORE_TIMEOUT_S = 3600.0
@@ -181,11 +184,20 @@ def _worker(args: dict[str, object]) -> None:
         cpu0 = _cpu_s()
         start = time.time()
         directory = store_dir(str(args["state_dir"]), record.job_id, record.operator_id, rng)
+        profile = None
+        if os.environ.get(PROFILE_ENV):
+            import cProfile
+
+            profile = cProfile.Profile()
+            profile.enable()
         with LocalKeyedStore(directory, rng) as store:
             counts = restore_subtask(
                 store, record, client, job_id=record.job_id, attempt="recovery-bench"
             )
         end = time.time()
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(str(Path(str(args["state_dir"])).parent / f"restorer-{index}.prof"))
         doc = {
             "index": index,
             "start": start,
