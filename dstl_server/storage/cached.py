@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from dstl_client.core.errors import InvalidArgument
-from dstl_server.storage.base import BlobInfo, BlobStore, validate_key
+from dstl_server.storage.base import BlobInfo, BlobStore
 
 if TYPE_CHECKING:
     from dstl_client.core.errors import StorageError
@@ -115,7 +115,7 @@ class CachedBlobStore(BlobStore):
             if self.metrics is not None:
                 self.metrics.read_cache_misses.inc()
             return await self.inner.get(key, offset, length)
-        validate_key(key)
+        # the key is valid: it was put (a bad key never gets here)
         if offset < 0 or (length is not None and length < 0):
             raise InvalidArgument(f"bad range offset={offset} length={length}")
         self._objects.move_to_end(key)

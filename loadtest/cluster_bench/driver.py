@@ -11,9 +11,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dstl_client.coordinator.config import spark_location
 from loadtest.spark_cluster import SparkCluster
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def checkpoint_dir(work: Path) -> Path:
+    """The job's checkpoint directory under ``work`` (every driver of a run shares it)."""
+    return work / "spark-ckpt"
+
+
+def spark_checkpoint(work: Path) -> Path:
+    """Spark's own checkpoint location of the job's keyed operator (offsets, commits)."""
+    return Path(spark_location(str(checkpoint_dir(work))))
 
 
 @dataclass(slots=True)
@@ -78,7 +89,7 @@ class Driver:
         args: dict[str, object] = {
             "master": cluster.master_url,
             "address": address,
-            "checkpoint-dir": work / "spark-ckpt",
+            "checkpoint-dir": checkpoint_dir(work),
             "metadata-url": f"s3://{cluster.s3.bucket}/{cluster.s3_prefix}/metadata",
             "input-dir": work / "input",
             "out-dir": work / "out",

@@ -14,7 +14,7 @@ from pathlib import Path
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3
 from loadtest.cluster_bench.config import BenchConfig
-from loadtest.cluster_bench.driver import Driver, Phases
+from loadtest.cluster_bench.driver import Driver, Phases, spark_checkpoint
 from loadtest.cluster_bench.workload import compare, expected_outputs, read_outputs, write_input
 from loadtest.spark_cluster import START_TIMEOUT_S, Node, SparkCluster
 from loadtest.spark_offsets import file_groups
@@ -260,7 +260,7 @@ class Run:
 
     def _groups(self) -> list[range]:
         """The input files each batch Spark committed read (see loadtest.spark_offsets)."""
-        return file_groups(self.work / "spark-ckpt" / "spark")
+        return file_groups(spark_checkpoint(self.work))
 
     def _all_input_recorded(self) -> bool:
         """Every input file is in a batch Spark committed and dstl recorded.

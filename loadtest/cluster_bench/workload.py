@@ -50,10 +50,17 @@ def expected_outputs(
     None; see :func:`loadtest.spark_offsets.file_groups` for why a batch can
     read two).
     """
-    state: dict[str, tuple[int, int]] = {}
-    outputs: Counter[Output] = Counter()
     if groups is None:
         groups = [range(b, b + 1) for b in range(batches)]
+    return fold_groups(groups, rows, keys)[1]
+
+
+def fold_groups(
+    groups: list[range], rows: int, keys: int
+) -> tuple[dict[str, tuple[int, int]], Counter[Output]]:
+    """The failure-free final state per key and output rows when batch ``b`` reads ``groups[b]``."""
+    state: dict[str, tuple[int, int]] = {}
+    outputs: Counter[Output] = Counter()
     for b, files in enumerate(groups):
         touched: set[str] = set()
         for k, v in (row for f in files for row in batch_rows(f, rows, keys)):
@@ -62,7 +69,7 @@ def expected_outputs(
             touched.add(k)
         for k in touched:
             outputs[(b, k, *state[k])] += 1
-    return outputs
+    return state, outputs
 
 
 def read_outputs(out_dir: Path) -> Counter[Output]:

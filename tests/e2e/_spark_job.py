@@ -19,6 +19,8 @@ from dstl_client.state import INT64, TupleSerializer
 from loadtest.cluster_bench.job import MAX_P as MAX_P
 from loadtest.cluster_bench.job import OUTPUT_SCHEMA as OUTPUT_SCHEMA
 from loadtest.cluster_bench.job import output_sink as output_sink
+from loadtest.cluster_bench.workload import batch_rows as batch_rows
+from loadtest.cluster_bench.workload import fold_groups
 from tests.e2e._harness import crash_at
 
 AGG: TupleSerializer[Any] = TupleSerializer(INT64, INT64)
@@ -34,11 +36,6 @@ def agg(key: Any, rows: list[dict[str, Any]], ctx: Any) -> Any:
         total += r["v"]
     state.update((count, total))
     yield key, count, total
-
-
-def batch_rows(b: int, rows: int, keys: int) -> list[tuple[str, int]]:
-    first = b * rows
-    return [(f"k{(i * 7919) % keys}", i % 97) for i in range(first, first + rows)]
 
 
 def write_input(directory: Path, first: int, last: int, rows: int, keys: int) -> None:
@@ -70,18 +67,8 @@ def expected_grouped(
 ) -> tuple[dict[str, tuple[int, int]], set[tuple[int, str, int, int]]]:
     """:func:`expected` when batch ``b`` read input files ``groups[b]`` (see
     :func:`loadtest.spark_offsets.file_groups`)."""
-    state: dict[str, tuple[int, int]] = {}
-    outputs: set[tuple[int, str, int, int]] = set()
-    for b, files in enumerate(groups):
-        touched = set()
-        for f in files:
-            for k, v in batch_rows(f, rows, keys):
-                c, t = state.get(k, (0, 0))
-                state[k] = (c + 1, t + v)
-                touched.add(k)
-        for k in touched:
-            outputs.add((b, k, *state[k]))
-    return state, outputs
+    state, outputs = fold_groups(groups, rows, keys)
+    return state, set(outputs)
 
 
 def decode_state(rows: dict[tuple[int, bytes], bytes]) -> dict[str, tuple[int, int]]:

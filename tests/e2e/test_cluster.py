@@ -22,7 +22,7 @@ import pytest
 
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3
-from loadtest.cluster_bench.driver import Driver
+from loadtest.cluster_bench.driver import Driver, checkpoint_dir, spark_checkpoint
 from loadtest.spark_cluster import SparkCluster
 from loadtest.spark_offsets import file_groups
 from tests.e2e._spark_job import expected_grouped, read_outputs, write_input
@@ -114,12 +114,12 @@ def test_a_node_kill_and_a_driver_restart_on_a_two_node_cluster_give_the_failure
             print(cluster.diagnostics())
             raise
 
-    groups = file_groups(tmp_path / "spark-ckpt" / "spark")
+    groups = file_groups(spark_checkpoint(tmp_path))
     assert [f for g in groups for f in g] == list(range(batches)), groups
     _, want_outputs = expected_grouped(groups, ROWS, KEYS)
     assert read_outputs(tmp_path / "out") == want_outputs
     # the driver's records are on S3 only: nothing of dstl's beside Spark's checkpoint
-    assert not list((tmp_path / "spark-ckpt").rglob("ck-*.json"))
+    assert not list(checkpoint_dir(tmp_path).rglob("ck-*.json"))
     s3 = weed_s3.boto3_client()
     try:
         listed = s3.list_objects_v2(Bucket=weed_s3.bucket, Prefix=f"{s3_prefix}/metadata/")
