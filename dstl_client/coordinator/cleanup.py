@@ -4,13 +4,21 @@ Objects a crash left behind (uploaded, then no checkpoint record came to
 refer to them) are found by listing the job's objects with the sidecar's
 ``ListObjects`` and removed with ``DiscardObjects``; the driver needs only
 its sidecar address and job token, no storage credentials.
+
+"Unreferenced" is only known from records that were read: a sweep takes
+:class:`JobReferences` (the keys *and* how many records of the job they came
+from) and refuses with :class:`NoRecordsRead` when that is none. A wrong
+metadata location (the checkpoint directory instead of its ``dstl/`` folder,
+a path that does not exist, another job's metadata) holds no record of the
+job, and "nothing found" must never become "nothing referenced".
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from dstl_client.client import ChangelogClient
 from dstl_client.core.errors import ConfigError, InvalidArgument
@@ -25,6 +33,54 @@ DEFAULT_GRACE_S = 600.0
 DISCARD_BATCH = 10_000
 
 
+class NoRecordsRead(ConfigError):
+    """A sweep was asked for without one checkpoint record of the job read: refused.
+
+    Its message says where the records were looked for. The CLI exits 2.
+    """
+
+    kind = "no_records_read"
+
+
+@dataclass(frozen=True, slots=True)
+class JobReferences:
+    """What a job's checkpoint records reference, with the evidence that they were read.
+
+    Built by whoever read the records (``dstl gc``:
+    :func:`~dstl_client.coordinator.lifecycle.job_references`; the driver:
+    :meth:`~dstl_client.coordinator.retention.RetainedCheckpoints.job_references`).
+    Invariant: ``records`` counts only records whose ``job_id`` is ``job_id``;
+    records of other jobs found at the same place (``other_jobs``) count for
+    nothing. Frozen: any thread.
+    """
+
+    job_id: str
+    #: every object key the records read refer to
+    keys: frozenset[str]
+    #: how many records of ``job_id`` were read (retained or superseded, any operator)
+    records: int
+    #: where the records were looked for (a URL or path, for messages)
+    where: str
+    #: ids of other jobs whose records are there (sorted)
+    other_jobs: tuple[str, ...] = ()
+
+    def check(self, job_id: str) -> None:
+        """:class:`NoRecordsRead` unless at least one record of ``job_id`` was read."""
+        if self.job_id == job_id and self.records >= 1:
+            return
+        found = (
+            f"; the records there are of {'job' if len(self.other_jobs) == 1 else 'jobs'} "
+            f"{', '.join(map(repr, self.other_jobs))}"
+            if self.other_jobs
+            else ""
+        )
+        raise NoRecordsRead(
+            f"no checkpoint record of job {job_id!r} at {self.where}{found}: refusing to "
+            "delete objects, since nothing would count as referenced (give the job's "
+            "metadata_url, by default the dstl/ folder of its checkpoint_dir)"
+        )
+
+
 class OrphanSweeper:
     """Deletes a job's objects that nothing refers to and that are old enough.
 
@@ -32,19 +88,23 @@ class OrphanSweeper:
     (``ListObjects``, paged) and deletes through it (``DiscardObjects``, at
     most :data:`DISCARD_BATCH` keys per call) every object that is
 
-    * not in ``referenced`` (the caller passes the keys of every retained
-      checkpoint record of *every* keyed operator of the job), and
+    * not in ``references.keys`` (the caller passes the keys of every
+      retained and superseded checkpoint record of *every* keyed operator of
+      the job), and
     * older than ``grace_s`` by its modification time at the store.
 
     Invariants:
 
-    * An object in ``referenced`` is never deleted; nor is one younger than
+    * Nothing is listed or deleted unless ``references`` holds at least one
+      record of this job (:meth:`JobReferences.check`, else
+      :class:`NoRecordsRead`).
+    * An object in ``references.keys`` is never deleted; nor is one younger than
       ``grace_s`` or one whose age the store cannot tell (``modified`` 0).
       The age guard is what makes a sweep safe while other writers of the
       job run (a second keyed operator, a second driver): an object such a
       writer uploads for a checkpoint it has not recorded yet is young, and
       its older objects are in its retained records, which the caller
-      includes in ``referenced``. So ``grace_s`` must exceed the longest
+      includes in ``references``. So ``grace_s`` must exceed the longest
       time from an upload to the record that refers to it (the checkpoint
       timeout, 600 s by default) plus the clock difference between this
       machine and the store.
@@ -88,18 +148,24 @@ class OrphanSweeper:
 
     def unreferenced(
         self,
-        referenced: Collection[str],
+        references: JobReferences,
         *,
         now: float | None = None,
         listed: list[int] | None = None,
     ) -> Iterator[tuple[ObjectInfo, bool]]:
-        """The job's objects not in ``referenced``, each with whether it is old enough to go.
+        """The job's objects not referenced, each with whether it is old enough to go.
 
         Lazily, a page at a time (what :meth:`sweep` deletes, and what
         ``dstl gc --dry-run`` shows). ``listed``, if given, gets its first
-        element counted up per object listed.
+        element counted up per object listed. :class:`NoRecordsRead` (at
+        once, before anything is listed) without a record of the job.
         """
-        keep = referenced if isinstance(referenced, set | frozenset) else set(referenced)
+        references.check(self.job_id)
+        return self._unreferenced(references.keys, now=now, listed=listed)
+
+    def _unreferenced(
+        self, keep: frozenset[str], *, now: float | None, listed: list[int] | None
+    ) -> Iterator[tuple[ObjectInfo, bool]]:
         cutoff = (time.time() if now is None else now) - self.grace_s
         for obj in self.client.list_objects(self.job_id, page_size=self.page_size):
             if listed is not None:
@@ -108,16 +174,17 @@ class OrphanSweeper:
                 continue
             yield obj, 0 < obj.modified <= cutoff
 
-    def sweep(self, referenced: Collection[str], *, now: float | None = None) -> int:
+    def sweep(self, references: JobReferences, *, now: float | None = None) -> int:
         """Delete the job's unreferenced objects older than ``grace_s``; return how many.
 
         ``now`` (unix seconds, default the current time) is what ages are
-        measured against.
+        measured against. :class:`NoRecordsRead` (nothing deleted) when
+        ``references`` holds no record of the job.
         """
         listed = [0]
         young = deleted = 0
         batch: list[str] = []
-        for obj, old in self.unreferenced(referenced, now=now, listed=listed):
+        for obj, old in self.unreferenced(references, now=now, listed=listed):
             if not old:
                 young += 1
                 continue

@@ -59,6 +59,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dstl_client.client import ChangelogClient
+from dstl_client.coordinator.cleanup import JobReferences
 from dstl_client.coordinator.config import (
     DEFAULT_OPERATOR,
     OPERATORS,
@@ -73,6 +74,7 @@ from dstl_client.coordinator.metadata import MetadataStore
 from dstl_client.coordinator.retention import (
     other_operators_records,
     records_object_keys,
+    records_references,
 )
 from dstl_client.coordinator.storage import CheckpointMissing, CheckpointStorage
 from dstl_client.core.errors import ConfigError
@@ -104,13 +106,29 @@ def operator_prefix(operator_id: str) -> str:
     return "" if operator_id == DEFAULT_OPERATOR else f"{OPERATORS}{operator_id}/"
 
 
-def job_object_keys(store: MetadataStore) -> set[str]:
-    """Every object any record (retained or superseded) of any operator of the job uses."""
+def job_references(store: MetadataStore, job_id: str) -> JobReferences:
+    """Every object any record (retained or superseded) of any operator in ``store`` uses.
+
+    With the number of records of ``job_id`` read, the evidence an orphan
+    sweep needs (:meth:`~.cleanup.JobReferences.check`); records of other
+    jobs there count for nothing (their keys are kept all the same). Raises
+    :class:`~.retention.UnreadableRecords` when a record cannot be read.
+    """
     keys: set[str] = set()
+    jobs: dict[str, int] = {}
     for prefix in job_operators(store).values():
-        keys |= records_object_keys(CheckpointStorage(store, prefix))
-        keys |= records_object_keys(CheckpointStorage(store, prefix + SUPERSEDED))
-    return keys
+        for p in (prefix, prefix + SUPERSEDED):
+            found, by_job = records_references(CheckpointStorage(store, p))
+            keys |= found
+            for job, n in by_job.items():
+                jobs[job] = jobs.get(job, 0) + n
+    return JobReferences(
+        job_id=job_id,
+        keys=frozenset(keys),
+        records=jobs.pop(job_id, 0),
+        where=store.url,
+        other_jobs=tuple(sorted(jobs)),
+    )
 
 
 # ---------------------------------------------------------------- restore

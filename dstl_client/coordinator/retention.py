@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from dstl_client.client import ChangelogClient
+from dstl_client.coordinator.cleanup import JobReferences, NoRecordsRead
 from dstl_client.coordinator.config import SUPERSEDED, CoordinatorConfig
 from dstl_client.coordinator.metadata import MetadataStore
 from dstl_client.coordinator.records import CheckpointRecord
@@ -42,7 +43,7 @@ _DISCARD_CHUNK = 5_000
 class Sweeper(Protocol):
     """What removes orphans (see :class:`~dstl_client.coordinator.cleanup.OrphanSweeper`)."""
 
-    def sweep(self, referenced: Collection[str], *, now: float | None = None) -> int: ...
+    def sweep(self, references: JobReferences, *, now: float | None = None) -> int: ...
 
 
 SweeperFactory = Callable[[ChangelogClient, str, float], Sweeper]
@@ -57,19 +58,34 @@ class UnreadableRecords(DstlError):
 
 def records_object_keys(records: CheckpointStorage) -> set[str]:
     """Every object the ``records`` refer to (:class:`UnreadableRecords`)."""
+    return records_references(records)[0]
+
+
+def records_references(
+    records: CheckpointStorage,
+) -> tuple[set[str], dict[str, int]]:
+    """Every object the ``records`` refer to, and how many records each job has there.
+
+    A record that cannot be read raises :class:`UnreadableRecords` (never
+    skipped: what it references would count as unreferenced); one deleted
+    between the listing and the read (by its running driver) is skipped.
+    """
     keys: set[str] = set()
+    jobs: dict[str, int] = {}
     try:
         batch_ids = records.batch_ids()
     except DstlError as exc:
         raise UnreadableRecords(f"{records.store.describe(records.prefix)}: {exc}") from None
     for b in batch_ids:
         try:
-            keys |= records.load(b).object_keys()
+            record = records.load(b)
         except CheckpointMissing:  # dropped meanwhile by its operator
             continue
         except (DstlError, OSError, ValueError) as exc:
             raise UnreadableRecords(f"{records.describe(b)}: {exc}") from None
-    return keys
+        keys |= record.object_keys()
+        jobs[record.job_id] = jobs.get(record.job_id, 0) + 1
+    return keys, jobs
 
 
 def other_operators_records(
@@ -199,16 +215,21 @@ class RetainedCheckpoints:
         """Discard the objects of records dropped at start, then sweep the job's orphans.
 
         Best effort: a failing sweep is logged (the next start sweeps again).
+        No sweep without a record of this job in the store (a new job, or a
+        wrong ``metadata_url``: see :class:`~.cleanup.NoRecordsRead`).
         """
         try:
-            referenced = self.job_referenced()
+            refs = self.job_references()
         except UnreadableRecords as exc:
             log.warning("no orphan cleanup of job %s: %s", self.config.job_id, exc)
             return 0
+        referenced = refs.keys
         removed = self.discard(dropped - referenced) if dropped - referenced else 0
         if sweeper is not None:
             try:
-                removed += sweeper.sweep(referenced)
+                removed += sweeper.sweep(refs)
+            except NoRecordsRead as exc:
+                log.info("no orphan sweep of job %s: %s", self.config.job_id, exc)
             except DstlError as exc:
                 log.warning("orphan sweep of job %s failed: %s", self.config.job_id, exc)
         return removed
@@ -231,10 +252,30 @@ class RetainedCheckpoints:
 
     def job_referenced(self) -> set[str]:
         """Objects any retained record of this operator or any record of another operator uses."""
+        return set(self.job_references().keys)
+
+    def job_references(self) -> JobReferences:
+        """:meth:`job_referenced`, with how many records of this job they came from.
+
+        This operator's retained records count (:meth:`load` checked their
+        job); another operator's records count only when they are of this job
+        (:class:`UnreadableRecords` when one cannot be read).
+        """
+        cfg = self.config
         keys = set(self.registry.referenced()) | self._superseded_keys()
-        for records in other_operators_records(self.config, self.storage.store):
-            keys |= records_object_keys(records)
-        return keys
+        jobs: dict[str, int] = {}
+        for records in other_operators_records(cfg, self.storage.store):
+            found, by_job = records_references(records)
+            keys |= found
+            for job, n in by_job.items():
+                jobs[job] = jobs.get(job, 0) + n
+        return JobReferences(
+            job_id=cfg.job_id,
+            keys=frozenset(keys),
+            records=len(self._records) + jobs.pop(cfg.job_id, 0),
+            where=self.storage.store.url,
+            other_jobs=tuple(sorted(jobs)),
+        )
 
     def discard(self, keys: Iterable[str]) -> int:
         """Delete objects through the sidecar; failures are retried at the next chance."""

@@ -35,11 +35,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from dstl_client.coordinator.cleanup import DEFAULT_GRACE_S, OrphanSweeper
+from dstl_client.coordinator.cleanup import DEFAULT_GRACE_S, JobReferences, OrphanSweeper
 from dstl_client.coordinator.config import DEFAULT_OPERATOR, spark_location
 from dstl_client.coordinator.lifecycle import (
     dispose_job,
-    job_object_keys,
+    job_references,
     restore_checkpoint,
 )
 from dstl_client.coordinator.records import CheckpointRecord
@@ -434,17 +434,27 @@ def _section_row(s: SectionInfo) -> tuple[Any, ...]:
     )
 
 
+def _gc_references(ctx: JobContext, job_id: str) -> JobReferences:
+    """What the job's records reference; refused (exit 2) unless one record of it was read."""
+    try:
+        store = ctx.store
+    except CheckpointMissing:  # no such directory: no record read, and the sweep refuses
+        refs = JobReferences(job_id, frozenset(), 0, f"{ctx.location} (no such directory)")
+    else:
+        refs = job_references(store, job_id)
+    refs.check(job_id)
+    return refs
+
+
 def cmd_gc(ctx: JobContext, out: TextIO) -> int:
     args = ctx.args
     job_id = ctx.job_id
-    try:
-        referenced = job_object_keys(ctx.store)
-    except CheckpointMissing:
-        referenced = set()
+    refs = _gc_references(ctx, job_id)  # before the sidecar is even asked
+    referenced = refs.keys
     sweeper = OrphanSweeper(ctx.client, job_id, grace_s=args.grace_s)
     now = time.time()
     if not args.dry_run:
-        deleted = sweeper.sweep(referenced, now=now)
+        deleted = sweeper.sweep(refs, now=now)
         if args.json:
             render.emit_json({"job_id": job_id, "deleted": deleted}, out)
         else:
@@ -456,7 +466,7 @@ def cmd_gc(ctx: JobContext, out: TextIO) -> int:
     progress = render.Progress("objects listed")
     listed = [0]
     found = []
-    for obj, old in sweeper.unreferenced(referenced, now=now, listed=listed):
+    for obj, old in sweeper.unreferenced(refs, now=now, listed=listed):
         progress.step(listed[0] - progress.n)
         found.append((obj, old))
     progress.step(listed[0] - progress.n)
@@ -466,6 +476,7 @@ def cmd_gc(ctx: JobContext, out: TextIO) -> int:
             {
                 "job_id": job_id,
                 "listed": listed[0],
+                "records_read": refs.records,
                 "referenced": len(referenced),
                 "grace_s": args.grace_s,
                 "unreferenced": [

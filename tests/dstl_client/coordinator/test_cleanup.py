@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator import cleanup
-from dstl_client.coordinator.cleanup import OrphanSweeper
+from dstl_client.coordinator.cleanup import JobReferences, NoRecordsRead, OrphanSweeper
 from dstl_client.core.errors import ConfigError, InvalidArgument, PermissionDenied
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.core.keys import new_object_key
@@ -37,6 +37,11 @@ def plant(objects_dir: Path, job: str, n: int, *, age_s: float = 0.0) -> list[st
             os.utime(path, (then, then))
         keys.append(key)
     return sorted(keys)
+
+
+def refs(job: str, keys: Iterable[str]) -> JobReferences:
+    """References as if one record of ``job`` naming ``keys`` had been read."""
+    return JobReferences(job, frozenset(keys), 1, "test")
 
 
 def stored(objects_dir: Path, job: str) -> set[str]:
@@ -79,16 +84,16 @@ def test_referenced_and_young_objects_are_kept_old_orphans_deleted(
     referenced = set(handles[0].object_keys) | set(handles[2].object_keys)
     sweeper = OrphanSweeper(client, job)  # grace 600 s
     # everything was just written: nothing is old enough
-    assert sweeper.sweep(referenced) == 0
+    assert sweeper.sweep(refs(job, referenced)) == 0
     assert stored(objects_dir, job) == set(keys)
     # an hour later the unreferenced ones go, the referenced ones stay readable
-    assert sweeper.sweep(referenced, now=LATER) == 2
+    assert sweeper.sweep(refs(job, referenced), now=LATER) == 2
     assert stored(objects_dir, job) == referenced
     for h in (handles[0], handles[2]):
         assert [d for _, _, d in client.read_changes(h)]
     # a second sweep finds nothing more
-    assert sweeper.sweep(referenced, now=LATER) == 0
-    assert sweeper.sweep(list(referenced), now=LATER) == 0  # any collection
+    assert sweeper.sweep(refs(job, referenced), now=LATER) == 0
+    assert sweeper.sweep(refs(job, list(referenced)), now=LATER) == 0  # any collection
 
 
 def test_age_is_the_objects_modification_time(client: ChangelogClient, objects_dir: Path) -> None:
@@ -101,11 +106,11 @@ def test_age_is_the_objects_modification_time(client: ChangelogClient, objects_d
     listed = {o.key: o for o in client.list_objects(job)}
     assert listed[unknown[0]].modified == 0.0
     assert time.time() - 701 < listed[old[0]].modified < time.time() - 699
-    assert OrphanSweeper(client, job).sweep(old_referenced) == 3
+    assert OrphanSweeper(client, job).sweep(refs(job, old_referenced)) == 3
     assert stored(objects_dir, job) == {*young, *old_referenced, *unknown}
     # a shorter grace reaches the younger ones; an object of unknown age never goes
-    assert OrphanSweeper(client, job, grace_s=400).sweep(old_referenced) == 2
-    assert OrphanSweeper(client, job, grace_s=0).sweep(set(), now=LATER) == 1
+    assert OrphanSweeper(client, job, grace_s=400).sweep(refs(job, old_referenced)) == 2
+    assert OrphanSweeper(client, job, grace_s=0).sweep(refs(job, ()), now=LATER) == 1
     assert stored(objects_dir, job) == set(unknown)
 
 
@@ -130,7 +135,7 @@ def test_only_the_jobs_objects_are_listed_and_swept(
     expected = [(k, (objects_dir / k).stat().st_size) for k in mine]
     assert [(o.key, o.size) for o in client.list_objects(job)] == expected
     assert [(o.key, o.size) for o in client.list_objects(job, page_size=2)] == expected
-    assert OrphanSweeper(client, job, grace_s=0).sweep(set(), now=LATER) == 3
+    assert OrphanSweeper(client, job, grace_s=0).sweep(refs(job, ()), now=LATER) == 3
     assert not any((objects_dir / k).exists() for k in mine)
     for rel in junk:
         assert (objects_dir / rel).exists(), rel
@@ -156,7 +161,7 @@ def test_paging_over_many_pages(sidecar: ServerProcess, objects_dir: Path) -> No
             list(client.list_objects(job, page_size=0))
         keep = set(keys[::2])
         sweeper = OrphanSweeper(client, job, page_size=3)
-        assert sweeper.sweep(keep, now=LATER) == 12
+        assert sweeper.sweep(refs(job, keep), now=LATER) == 12
         assert stored(objects_dir, job) == keep
         assert client.discards == [12]
 
@@ -169,10 +174,32 @@ def test_discards_go_in_batches(
     monkeypatch.setattr(cleanup, "DISCARD_BATCH", 4)
     client = RecordingClient(sidecar.address)
     with client:
-        assert OrphanSweeper(client, job, page_size=5).sweep({keys[0]}, now=LATER) == 10
+        assert OrphanSweeper(client, job, page_size=5).sweep(refs(job, {keys[0]}), now=LATER) == 10
         assert client.discards == [4, 4, 2]
     assert stored(objects_dir, job) == {keys[0]}
     assert cleanup.DISCARD_BATCH <= 10_000
+
+
+def test_no_sweep_without_a_record_of_the_job_read(
+    client: ChangelogClient, objects_dir: Path
+) -> None:
+    """No record read (or only another job's) is not "nothing referenced": refused."""
+    job = "sweep-refused"
+    keys = plant(objects_dir, job, 3)
+    sweeper = OrphanSweeper(client, job, grace_s=0)
+    for given in (
+        JobReferences(job, frozenset(), 0, "file:///wrong/place"),
+        JobReferences(job, frozenset(), 0, "file:///wrong/place", other_jobs=("other",)),
+        JobReferences("other", frozenset(), 2, "file:///wrong/place"),
+    ):
+        with pytest.raises(
+            NoRecordsRead,
+            match="no checkpoint record of job 'sweep-refused' at file:///wrong/place",
+        ):
+            sweeper.sweep(given, now=LATER)
+        with pytest.raises(NoRecordsRead):  # at once, before anything is listed
+            sweeper.unreferenced(given, now=LATER)
+    assert stored(objects_dir, job) == set(keys)
 
 
 def test_sweeper_arguments_are_checked(client: ChangelogClient) -> None:
@@ -212,13 +239,13 @@ def test_a_job_token_lists_and_sweeps_only_its_own_job(secured: ServerProcess) -
         with pytest.raises(PermissionDenied):
             list(a.list_objects("jobB"))
         with pytest.raises(PermissionDenied):
-            OrphanSweeper(a, "jobB", grace_s=0).sweep(set(), now=LATER)
+            OrphanSweeper(a, "jobB", grace_s=0).sweep(refs("jobB", ()), now=LATER)
         assert stored(objects, "jobB") == b_keys
         # its own job: fine (nothing there); the admin may list any job
         assert list(a.list_objects("jobA")) == []
-        assert OrphanSweeper(a, "jobA").sweep(set(), now=LATER) == 0
+        assert OrphanSweeper(a, "jobA").sweep(refs("jobA", ()), now=LATER) == 0
         assert {o.key for o in admin.list_objects("jobB")} == b_keys
         assert {o.key for o in b.list_objects("jobB")} == b_keys
         # B's own sweeper keeps what B references
-        assert OrphanSweeper(b, "jobB").sweep(b_keys, now=LATER) == 0
+        assert OrphanSweeper(b, "jobB").sweep(refs("jobB", b_keys), now=LATER) == 0
         assert stored(objects, "jobB") == b_keys

@@ -1,0 +1,125 @@
+"""What the operator commands and the driver refuse, and that a refusal changes nothing.
+
+* ``dstl gc`` and the driver's orphan sweep delete nothing unless they read at
+  least one checkpoint record *of that job* at the metadata location (a wrong
+  ``--metadata-url`` once deleted every object of the job older than the grace).
+* A refused ``dstl checkpoints restore`` writes no restore marker: the next plain
+  start runs normally.
+* Corrupt records and override files are one-line errors naming the file.
+
+A real sidecar process (file:// storage), real records written by the coordinator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dstl_client.client import ChangelogClient
+from dstl_client.coordinator.local import checkpoint_rows
+from dstl_client.coordinator.storage import CheckpointStorage
+from dstl_server.testing import ServerProcess
+from tests.dstl_client.ops._helpers import BATCHES, Job, dstl
+from tests.dstl_client.state._jobs import decode_rows, reference
+
+
+def records(job: Job, prefix: str = "checkpoints/") -> CheckpointStorage:
+    return CheckpointStorage(job.checkpoint_dir / "dstl" / prefix)
+
+
+def stored(sidecar: ServerProcess, job_id: str) -> set[str]:
+    root = Path(sidecar.storage.removeprefix("file://"))
+    return {p.relative_to(root).as_posix() for p in (root / job_id).rglob("*.dstl")}
+
+
+def referenced(job: Job) -> set[str]:
+    r = records(job)
+    return set().union(*(r.load(b).object_keys() for b in r.batch_ids()))
+
+
+def one_line(err: str) -> str:
+    """The CLI's stderr is one ``dstl: error:`` line, no traceback."""
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dstl: error: "), err
+    return lines[0]
+
+
+# ---------------------------------------------------------------------- gc
+
+
+def test_gc_refuses_when_it_reads_no_record_of_the_job(
+    tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
+) -> None:
+    job = Job(tmp_path / "a", sidecar.address, "refuse-gc")
+    job.run(client, range(3))
+    other = Job(tmp_path / "b", sidecar.address, "refuse-gc-other")
+    other.run(client, range(2))
+    keep = referenced(job)
+    assert keep and keep <= stored(sidecar, job.job_id)
+    missing = tmp_path / "no" / "such" / "dir"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    wrong = {
+        "the checkpoint dir instead of its dstl/ folder": str(job.checkpoint_dir),
+        "a path that does not exist": str(missing),
+        "an empty folder": str(empty),
+        "another job's metadata": str(other.checkpoint_dir / "dstl"),
+    }
+    for what, url in wrong.items():
+        for dry in ((), ("--dry-run",)):
+            r = dstl(
+                "gc",
+                *dry,
+                "--grace-s",
+                "0",
+                "--metadata-url",
+                url,
+                "--job-id",
+                job.job_id,
+                "--address",
+                sidecar.address,
+            )
+            assert r.code == 2, (what, r)
+            line = one_line(r.err)
+            assert "no checkpoint record of job 'refuse-gc'" in line, line
+            assert Path(url).as_uri() in line or url in line, line  # says where it looked
+            assert keep <= stored(sidecar, job.job_id), what  # nothing referenced went
+    assert not missing.exists()  # looking created nothing
+    assert (
+        "refuse-gc-other"
+        in dstl(
+            "gc",
+            "--metadata-url",
+            str(other.checkpoint_dir / "dstl"),
+            "--job-id",
+            job.job_id,
+            "--address",
+            sidecar.address,
+        ).err
+    )  # names the job whose records it found instead
+    # the right location still works, and keeps what the records use
+    r = dstl("gc", "--grace-s", "0", *job.where())
+    assert r.code == 0, r.err
+    assert keep <= stored(sidecar, job.job_id)
+    assert decode_rows(checkpoint_rows(records(job).load(2), client)) == reference(BATCHES[:3])
+
+
+def test_the_drivers_sweep_refuses_without_a_record_of_its_job(
+    tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
+) -> None:
+    job = Job(tmp_path, sidecar.address, "refuse-sweep")
+    job.run(client, range(3))
+    keep = stored(sidecar, job.job_id)
+    assert keep
+    # a driver started with the wrong metadata_url (an empty place), no grace: its start
+    # sweep must not take the records it cannot see for "nothing referenced"
+    coord = job.coordinator(
+        client=client, orphan_grace_s=0.0, metadata_url=str(tmp_path / "elsewhere")
+    )
+    coord.close()
+    assert coord.latest is None and coord.orphans_removed == 0
+    assert keep <= stored(sidecar, job.job_id)
+    # the same at the right place: records of this job read, the sweep runs
+    coord = job.coordinator(client=client, orphan_grace_s=0.0)
+    coord.close()
+    assert coord.latest is not None and referenced(job) <= stored(sidecar, job.job_id)
