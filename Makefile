@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: all venv java-check demo demo-core test lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster bench-bounded bench-api bench-recovery clean
+.PHONY: all venv java-check demo demo-core test test-fast lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster bench-bounded bench-api bench-recovery clean
 
 all: test
 
@@ -60,6 +60,10 @@ pytest: $(STAMP)
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# The inner loop: lint, types and every test not marked slow, spark or s3 (a few minutes).
+test-fast: lint typecheck
+	$(PY) -m pytest -q -ra -m "not slow and not spark and not s3" $(PYTEST_ARGS)
 
 # All benchmarks with their defaults (tens of minutes); the targets below take BENCH_ARGS.
 bench: $(BENCH_STAMP)

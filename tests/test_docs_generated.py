@@ -1,4 +1,4 @@
-"""README's configuration table and docs/observability.md's metrics tables match the code."""
+"""The sidecar's configuration table (docs/sidecar.md) and docs/observability.md's metrics tables match the code."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Regenerate (or check) the generated tables in README.md and docs/observability.md.
+"""Regenerate (or check) the generated tables in docs/sidecar.md and docs/observability.md.
 
 The configuration table comes from ``ServerSettings``, the metrics tables
 from ``ServerMetrics`` (sidecar) and ``CoordinatorMetrics`` (driver), so the
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+SIDECAR = ROOT / "docs" / "sidecar.md"
 OBSERVABILITY = ROOT / "docs" / "observability.md"
 
 
@@ -75,12 +75,12 @@ def _fill(m: re.Match[str], body: str) -> str:
 
 #: the generated sections of each file, by marker
 SECTIONS: dict[Path, dict[str, Callable[[], str]]] = {
-    README: {"config": config_table},
+    SIDECAR: {"config": config_table},
     OBSERVABILITY: {"metrics": sidecar_metrics_table, "driver-metrics": driver_metrics_table},
 }
 
 
-def render(text: str, path: Path = README) -> str:
+def render(text: str, path: Path = SIDECAR) -> str:
     for marker, table in SECTIONS[path].items():
         pattern = re.compile(
             rf"(<!-- BEGIN GENERATED {marker} -->\n)(?:.*?\n)?(<!-- END GENERATED {marker} -->)",
