@@ -14,6 +14,7 @@ from dataclasses import MISSING, fields
 from typing import Any, NoReturn
 
 from dstl_client.core.errors import ConfigError
+from dstl_client.core.version import package_version
 from dstl_server.settings import (
     ServerSettings,
     env_name,
@@ -25,16 +26,6 @@ from dstl_server.settings import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def package_version() -> str:
-    """The installed ``dstl`` distribution's version."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("dstl")
-    except PackageNotFoundError:  # pragma: no cover - run from a tree that is not installed
-        return "unknown (not installed)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -119,7 +110,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the node token (a child presents it to its parent; see parent_token_file) "
         "derived from the configured auth secret, and exit",
     )
+    parser.add_argument(
+        "--ttl",
+        metavar="DURATION",
+        type=_ttl,
+        help="with --print-*-token: the token expires this long from now (seconds, or a "
+        "number with s, m, h or d: 3600, 12h, 30d); default: it never expires",
+    )
     return parser
+
+
+_TTL = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*")
+_TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+#: the longest --ttl (a token's expiry must fit its 12 digits with room to spare)
+MAX_TTL_S = 100 * 365 * 86400
+
+
+def _ttl(raw: str) -> float:
+    m = _TTL.fullmatch(raw)
+    seconds = float(m.group(1)) * _TTL_UNITS[m.group(2)] if m else 0.0
+    if not 0 < seconds <= MAX_TTL_S:
+        raise argparse.ArgumentTypeError(
+            f"--ttl={raw!r}: expected a duration above 0 and at most 100 years "
+            "(seconds, or a number with s, m, h or d: 3600, 12h, 30d)"
+        )
+    return seconds
 
 
 async def serve(settings: ServerSettings) -> int:
@@ -136,7 +151,7 @@ async def serve(settings: ServerSettings) -> int:
     # the store did not answer the start probe (health: NOT_SERVING until it does).
     print(
         f"READY grpc={server.address} metrics_port={server.metrics_port} epoch={server.epoch} "
-        f"store={'up' if server.store_up else 'down'}",
+        f"store={'up' if server.store_up else 'down'} auth={'off' if server.auth is None else 'on'}",
         flush=True,
     )
     await stop.wait()
@@ -170,6 +185,33 @@ def _unknown_text(var: str, close: str) -> str:
     return f"unknown environment variable {var} ignored (not a dstl setting{hint})"
 
 
+def _print_token(ns: argparse.Namespace, settings: ServerSettings) -> int:
+    """Print the asked-for token of the current secret (expiring with ``--ttl``); exit code."""
+    from dstl_server.auth import Authenticator, expiry_after
+
+    if not settings.auth_secret:
+        print(
+            "dstl-server: printing a token needs an auth secret "
+            "(DSTL_AUTH_SECRET or --auth-secret-file)",
+            file=sys.stderr,
+        )
+        return 2
+    auth = Authenticator(settings.auth_secret)
+    try:
+        expires = None if ns.ttl is None else expiry_after(ns.ttl)
+        if ns.print_node_token:
+            token = auth.node_token(expires_at=expires)
+        elif ns.print_admin_token:
+            token = auth.admin_token(expires_at=expires)
+        else:
+            token = auth.job_token(ns.print_token, expires_at=expires)
+    except ConfigError as exc:
+        print(f"dstl-server: {exc.message}", file=sys.stderr)
+        return 2
+    print(token)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -179,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = {
         k: v
         for k, v in vars(ns).items()
-        if k not in ("print_config", "print_token", "print_admin_token", "print_node_token")
+        if k not in ("print_config", "print_token", "print_admin_token", "print_node_token", "ttl")
         and v is not None
     }
     try:
@@ -198,23 +240,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{f.name} = {value!r}")
         return 0
     if ns.print_token is not None or ns.print_admin_token or ns.print_node_token:
-        from dstl_server.auth import Authenticator
-
-        if not settings.auth_secret:
-            print("dstl-server: printing a token needs an auth secret", file=sys.stderr)
-            return 2
-        auth = Authenticator(settings.auth_secret)
-        try:
-            if ns.print_node_token:
-                print(auth.node_token())
-            else:
-                print(
-                    auth.admin_token() if ns.print_admin_token else auth.job_token(ns.print_token)
-                )
-        except ConfigError as exc:
-            print(f"dstl-server: {exc.message}", file=sys.stderr)
-            return 2
-        return 0
+        return _print_token(ns, settings)
+    if ns.ttl is not None:
+        print(
+            "dstl-server: configuration error: --ttl goes with --print-token, "
+            "--print-admin-token or --print-node-token",
+            file=sys.stderr,
+        )
+        return 2
     from dstl_server.logs import setup_logging
 
     setup_logging(settings.log_level)

@@ -28,6 +28,8 @@ from prometheus_client import (
     ProcessCollector,
 )
 
+from dstl_client.core.version import package_version
+
 _LATENCY_BUCKETS = (
     0.001,
     0.0025,
@@ -48,16 +50,6 @@ _SIZE_BUCKETS = tuple(float(1 << n) for n in range(10, 31, 2))  # 1 KiB .. 1 GiB
 _COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 #: gRPC call durations: unary calls (ms) up to streams that live for hours
 _GRPC_BUCKETS = (*_LATENCY_BUCKETS, 60.0, 300.0, 1800.0, 3600.0)
-
-
-def package_version() -> str:
-    """The installed ``dstl`` distribution's version (``unknown`` when not installed)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("dstl")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "unknown"
 
 
 def size_class(nbytes: int) -> str:

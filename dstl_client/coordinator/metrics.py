@@ -33,6 +33,7 @@ from prometheus_client import (
 )
 
 from dstl_client.coordinator.stats import CheckpointStats
+from dstl_client.core.version import package_version
 
 if TYPE_CHECKING:
     from dstl_client.coordinator.batches import MatRound
@@ -42,16 +43,6 @@ _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 _BYTES = tuple(float(4**i * 1024) for i in range(12))
 #: the one label of every driver metric
 LABELS = ("job_id",)
-
-
-def package_version() -> str:
-    """The installed ``dstl`` distribution's version (``unknown`` when not installed)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("dstl")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "unknown"
 
 
 class CoordinatorMetrics:

@@ -279,9 +279,13 @@ def test_images_hold_no_secrets_or_dev_extras() -> None:
 
 
 def test_versions_agree() -> None:
-    """One version: pyproject's, the chart's appVersion, each image's DSTL_VERSION."""
+    """One version: pyproject's, the package's, the chart's appVersion, each image's DSTL_VERSION."""
+    import dstl_client
+
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == VERSION
+    # the installed metadata the package, both command lines and the metrics read
+    assert dstl_client.__version__ == VERSION
     assert VALUES["image"]["tag"] in ("", VERSION)  # empty: appVersion
     for path in DOCKERFILES:
         final = dockerfile(path)[-1]
