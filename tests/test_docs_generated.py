@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -22,3 +23,18 @@ def test_readme_tables_are_current() -> None:
 def test_readme_opens_with_the_two_commands() -> None:
     head = "\n".join((ROOT / "README.md").read_text().splitlines()[:15])
     assert "make demo" in head and "make test" in head
+
+
+def test_every_job_option_has_a_meaning() -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import gen_docs
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    from dstl_client.spark.options import KeyedOptions
+
+    docs = gen_docs.field_docs(KeyedOptions)
+    undocumented = sorted(
+        f.name for f in dataclasses.fields(KeyedOptions) if not docs.get(f.name, "").strip()
+    )
+    assert undocumented == [], "give these fields a #: comment"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SIDECAR = ROOT / "docs" / "sidecar.md"
+JOB_OPTIONS = ROOT / "docs" / "job-options.md"
 OBSERVABILITY = ROOT / "docs" / "observability.md"
 
 
@@ -38,6 +39,64 @@ def config_table() -> str:
             rows.append(f"| {flag} | `{env}` | `{default}` | {unit} | {doc} |")
         else:
             rows.append(f"| {flag} | `{env}` | `{default!r}` | {unit} | {doc} |")
+    return "\n".join(rows)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The ``#:`` comment lines above each field of ``cls`` and of its bases, joined."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object:
+            continue
+        lines = inspect.getsource(klass).splitlines()
+        for node in ast.parse(inspect.getsource(klass)).body[0].body:  # type: ignore[attr-defined]
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                comment: list[str] = []
+                row = node.lineno - 2
+                while row >= 0 and lines[row].strip().startswith("#:"):
+                    comment.insert(0, lines[row].strip()[2:].strip())
+                    row -= 1
+                docs[node.target.id] = " ".join(comment)
+    return docs
+
+
+def _type_name(hint: object) -> str:
+    text = getattr(hint, "__name__", None) if not getattr(hint, "__args__", None) else None
+    text = text or str(hint).replace("typing.", "").replace("collections.abc.", "")
+    return text.replace("NoneType", "None")
+
+
+def _markdown(rst: str) -> str:
+    """A docstring fragment as Markdown: ``x`` and :role:`x` as `x`, pipes escaped."""
+    text = re.sub(r":\w+:`~?\.?([^`]+)`", r"`\1`", rst).replace("``", "`")
+    return text.replace("|", "\\|")
+
+
+def job_options_table() -> str:
+    """One row per :class:`KeyedOptions` field: keyword, ``spark.dstl.*`` key, type, default."""
+    import dataclasses
+    import typing
+
+    from dstl_client.processor.conf import PREFIX, settable_from_conf
+    from dstl_client.spark.options import KeyedOptions
+
+    docs = field_docs(KeyedOptions)
+    hints = typing.get_type_hints(KeyedOptions)
+    rows = [
+        "| keyword | Spark configuration key | type | default | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for f in dataclasses.fields(KeyedOptions):
+        head, *rest = f.name.split("_")
+        key = PREFIX + head + "".join(w.capitalize() for w in rest)
+        key_cell = f"`{key}`" if settable_from_conf(f.name) else "(keyword only)"
+        default = "(required)" if f.default is dataclasses.MISSING else f"`{f.default!r}`"
+        meaning = _markdown(docs.get(f.name, ""))
+        kind = _type_name(hints[f.name]).replace("|", "\\|")
+        rows.append(f"| `{f.name}` | {key_cell} | `{kind}` | {default} | {meaning} |")
     return "\n".join(rows)
 
 
@@ -76,6 +135,7 @@ def _fill(m: re.Match[str], body: str) -> str:
 #: the generated sections of each file, by marker
 SECTIONS: dict[Path, dict[str, Callable[[], str]]] = {
     SIDECAR: {"config": config_table},
+    JOB_OPTIONS: {"job-options": job_options_table},
     OBSERVABILITY: {"metrics": sidecar_metrics_table, "driver-metrics": driver_metrics_table},
 }
 

@@ -125,6 +125,7 @@ class CheckpointSettings:
     max_parallelism: int = DEFAULT_MAX_PARALLELISM
     #: checkpoints kept (the newest); older ones are dropped with their objects
     retain: int = 2
+    #: start a materialization (a background snapshot of the changed key groups) this often
     materialize_interval_s: float = 30.0
     #: also start a materialization as soon as the changelog a restore would replay
     #: (stored bytes of the record's segments) exceeds this fraction of the
@@ -136,6 +137,7 @@ class CheckpointSettings:
     materialization_wait_s: float = 0.0
     #: a materialization not finished in every subtask this long after it started fails
     materialization_timeout_s: float = 600.0
+    #: materializations failing in a row before the query fails
     max_materialization_failures: int = 3
     #: baseline mode: snapshot every key group at every materialization
     full_snapshot: bool = False
@@ -145,6 +147,7 @@ class CheckpointSettings:
     dstl_address: str = ""
     #: the job's token at the sidecar (default ``$DSTL_TOKEN``)
     dstl_token: str | None = None
+    #: how long a task waits for the sidecar to make its batch's changes durable
     persist_timeout_s: float = 120.0
     #: a batch's checkpoint (plan to record) taking longer is aborted
     checkpoint_timeout_s: float = 600.0
@@ -156,7 +159,9 @@ class CheckpointSettings:
     tolerable_failed_checkpoints: int = 3
     #: the start-up orphan sweep leaves unreferenced objects younger than this
     orphan_grace_s: float = DEFAULT_GRACE_S
+    #: rows of each task's node-local store kept decoded in memory
     cache_rows: int = DEFAULT_CACHE_ROWS
+    #: fsync the node-local stores and local metadata files (keep on)
     fsync: bool = True
     #: the job's checkpoint metadata: a path, ``file:///...`` or ``s3://bucket/prefix``
     #: (default: see :func:`metadata_location`)

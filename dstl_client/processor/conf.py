@@ -36,6 +36,11 @@ PREFIX = "spark.dstl."
 _NOT_FROM_CONF = frozenset({"on_phase", "start"})
 
 
+def settable_from_conf(name: str) -> bool:
+    """Whether a ``spark.dstl.*`` key may set the option ``name`` (not code or the query's life)."""
+    return name not in _NOT_FROM_CONF
+
+
 def option_name(conf_key: str) -> str:
     """``spark.dstl.maxParallelism`` → ``max_parallelism``."""
     name = conf_key[len(PREFIX) :] if conf_key.startswith(PREFIX) else conf_key

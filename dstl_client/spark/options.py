@@ -116,6 +116,7 @@ class KeyedOptions(CheckpointSettings):
     job_id: str | None = None
     #: ``DataStreamWriter.trigger`` keywords, e.g. ``{"processingTime": "5 seconds"}``
     trigger: Mapping[str, Any] | None = None
+    #: the streaming query's name (``DataStreamWriter.queryName``; also the memory sink's view)
     query_name: str | None = None
     #: Prometheus metrics of the coordinator on this port (0: any free one)
     metrics_port: int | None = None
