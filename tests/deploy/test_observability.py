@@ -264,6 +264,9 @@ def objects(chart: helm.Chart, values: dict[str, Any], kind: str) -> list[Manife
     return [d for docs in render_all(chart, values).values() for d in docs if d["kind"] == kind]
 
 
+RUNBOOKS = (Path(__file__).resolve().parents[2] / "docs" / "runbooks.md").read_text()
+
+
 def test_monitoring_is_off_by_default(chart: helm.Chart) -> None:
     for config in CONFIGS.values():
         docs = [d for ds in render_all(chart, config).values() for d in ds]
@@ -285,6 +288,11 @@ def test_prometheus_rule_alerts_query_exported_metrics(
         assert r["labels"]["team"] == "data"  # alertLabels
         assert r["annotations"]["summary"] and "{{ $labels." in r["annotations"]["summary"]
         assert "job=" not in r["expr"] and "(job)" not in r["expr"]
+        # every alert links its own section of docs/runbooks.md
+        url = r["annotations"]["runbook_url"]
+        base, anchor = url.split("#")
+        assert base.endswith("/docs/runbooks.md") and anchor == r["alert"].lower()
+        assert f"\n## {r['alert']}\n" in RUNBOOKS, r["alert"]
     by_name = {r["alert"]: r for r in rules}
     assert "> 0.05" in by_name["DstlUploadErrorRate"]["expr"]
     assert (
