@@ -4,9 +4,16 @@
 restore N``, or ``restore_from=N`` at the start of a query, like Flink's
 ``-s``): the job then resumes as if it had stopped right after batch N.
 
-1. N must be a retained record of the operator, else
-   :class:`~.storage.CheckpointMissing` listing the retained batches.
-2. The marker ``restore.json`` of the operator says "restore to N begun".
+1. Everything is checked before anything changes: N must be a retained
+   record of the operator (else :class:`~.storage.CheckpointMissing` listing
+   the retained batches), and Spark's checkpoint must be one that can be
+   rolled back to N (below; else :class:`~dstl_client.core.errors.ConfigError`).
+   A refused restore writes nothing, so the next plain start resumes from the
+   latest record as if it had never been asked.
+2. The marker ``restore.json`` of the operator says "restore to N begun"
+   (replaced atomically; it names the Spark checkpoint chosen, ``None`` for
+   ``--no-spark``): from here on the restore is accepted and is finished,
+   by this call or by the next start.
 3. Spark's progress past N is moved aside (a local or ``file://``
    ``checkpointLocation`` only): the entries of batches > N of ``offsets/``,
    ``commits/`` and each ``sources/<i>/`` metadata log (with their ``.crc``
@@ -25,11 +32,12 @@ restore N``, or ``restore_from=N`` at the start of a query, like Flink's
    the new run records a checkpoint of its batch or a later one
    (:meth:`~.retention.RetainedCheckpoints.add` then deletes it and discards
    what only it used).
-5. The marker says "done".
+5. The marker says "done" (replaced atomically, last).
 
 Every step is idempotent: a restore interrupted anywhere is finished by
 running it again, and a coordinator starting while a marker says "begun"
-finishes it before anything else. ``restore_from=N`` acts once per N: a
+finishes it before anything else (with the Spark checkpoint the marker
+names, not its own default). ``restore_from=N`` acts once per N: a
 driver restarted with the same option finds the marker done for N and
 resumes from its latest record (run ``dstl checkpoints restore N`` to roll
 back to the same batch a second time).
@@ -70,7 +78,8 @@ from dstl_client.coordinator.config import (
     CoordinatorConfig,
     url_scheme,
 )
-from dstl_client.coordinator.metadata import MetadataStore
+from dstl_client.coordinator.metadata import CorruptMetadata, MetadataStore
+from dstl_client.coordinator.records import MAX_BATCH_ID
 from dstl_client.coordinator.retention import (
     other_operators_records,
     records_object_keys,
@@ -156,15 +165,32 @@ class RestoreResult:
 
 
 def read_marker(store: MetadataStore, config: CoordinatorConfig) -> dict[str, Any] | None:
-    """The operator's last restore (``{"batch_id", "done", ...}``), if any."""
-    data = store.get(config.restore_marker_name)
+    """The operator's last restore (``{"batch_id", "done", ...}``), if any.
+
+    A marker that does not decode raises :class:`~.metadata.CorruptMetadata`
+    naming it (never ignored: a begun restore must not be forgotten).
+    """
+    name = config.restore_marker_name
+    data = store.get(name)
     if data is None:
         return None
     try:
         doc = json.loads(data)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("batch_id"), int) else None
+    except (ValueError, RecursionError) as exc:
+        raise CorruptMetadata(f"{store.describe(name)}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise CorruptMetadata(f"{store.describe(name)}: not a JSON object")
+    batch = doc.get("batch_id")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch <= MAX_BATCH_ID:
+        raise CorruptMetadata(
+            f"{store.describe(name)}: batch_id {batch!r} is not a batch id (0 to {MAX_BATCH_ID})"
+        )
+    if not isinstance(doc.get("done"), bool):
+        raise CorruptMetadata(f"{store.describe(name)}: done {doc.get('done')!r} is not a boolean")
+    spark = doc.get("spark_dir")
+    if spark is not None and not isinstance(spark, str):
+        raise CorruptMetadata(f"{store.describe(name)}: spark_dir {spark!r} is not a string")
+    return doc
 
 
 def _write_marker(store: MetadataStore, config: CoordinatorConfig, doc: dict[str, Any]) -> None:
@@ -183,7 +209,9 @@ def restore_on_start(
             config.operator_id,
             marker["batch_id"],
         )
-        return restore_checkpoint(config, store, int(marker["batch_id"]), spark_dir=spark_dir)
+        # the Spark checkpoint the restore was begun with (older markers name none: ours)
+        spark = marker.get("spark_dir", spark_dir)
+        return restore_checkpoint(config, store, int(marker["batch_id"]), spark_dir=spark)
     want = config.restore_from
     if want is None:
         return None
@@ -229,17 +257,26 @@ def restore_checkpoint(
         )
     record = records.load(batch_id)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    # every check before the first write: a refused restore leaves no trace
+    spark_plan = (
+        plan_spark_rollback(spark_dir, batch_id, record.source_progress)
+        if spark_dir is not None
+        else None
+    )
     _write_marker(
         store,
         config,
-        {"batch_id": batch_id, "done": False, "started_unix": time.time() if now is None else now},
+        {
+            "batch_id": batch_id,
+            "done": False,
+            "spark_dir": spark_dir,
+            "started_unix": time.time() if now is None else now,
+        },
     )
     moved: list[str] = []
     aside_dir: str | None = None
-    if spark_dir is not None:
-        moved, aside_dir = roll_back_spark(
-            spark_dir, batch_id, record.source_progress, stamp=f"{stamp}-to-{batch_id}"
-        )
+    if spark_plan is not None:
+        moved, aside_dir = spark_plan.apply(f"{stamp}-to-{batch_id}")
     newer = [b for b in retained if b > batch_id]
     for b in newer:
         data = store.get(records.name_of(b))
@@ -301,12 +338,45 @@ def _offsets_lines(path: Path) -> list[Any]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class SparkRollback:
+    """A checked roll back of a Spark checkpoint: the log entries to move aside."""
+
+    root: Path
+    todo: tuple[Path, ...]
+
+    def apply(self, stamp: str) -> tuple[list[str], str | None]:
+        """Move the entries to ``<parent>/superseded/<stamp>/<name>/``; (moved, where)."""
+        if not self.todo:
+            return [], None
+        aside = self.root.parent / "superseded" / stamp / self.root.name
+        moved: list[str] = []
+        for f in self.todo:
+            if not f.exists():  # moved by an earlier, interrupted attempt
+                continue
+            rel = f.relative_to(self.root)
+            dest = aside / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(f, dest)
+            moved.append(rel.as_posix())
+        return moved, str(aside)
+
+
 def roll_back_spark(
     spark_dir: str, batch_id: int, source_progress: Any, *, stamp: str
 ) -> tuple[list[str], str | None]:
     """Move Spark's log entries of batches > ``batch_id`` aside; (moved, where).
 
-    Nothing happens when there is no Spark checkpoint at ``spark_dir``.
+    :func:`plan_spark_rollback` (every check, nothing moved when one fails),
+    then :meth:`SparkRollback.apply`.
+    """
+    return plan_spark_rollback(spark_dir, batch_id, source_progress).apply(stamp)
+
+
+def plan_spark_rollback(spark_dir: str, batch_id: int, source_progress: Any) -> SparkRollback:
+    """What rolling Spark's checkpoint back to ``batch_id`` moves; changes nothing.
+
+    Nothing to move when there is no Spark checkpoint at ``spark_dir``.
     Raises :class:`ConfigError` when it is not local, when its ``offsets/``
     entry of the batch is missing or differs from ``source_progress`` (the
     record's), or when a source log was compacted past the batch.
@@ -319,7 +389,7 @@ def roll_back_spark(
             "and sources/*/ folders) and restore with --no-spark"
         )
     if not root.is_dir():
-        return [], None
+        return SparkRollback(root, ())
     offsets = root / "offsets"
     if offsets.is_dir():
         mine = offsets / str(batch_id)
@@ -351,17 +421,7 @@ def roll_back_spark(
                     f"{batch_id}: the source cannot be rolled back that far"
                 )
             todo.append(f)
-    if not todo:
-        return [], None
-    aside = root.parent / "superseded" / stamp / root.name
-    moved: list[str] = []
-    for f in todo:
-        rel = f.relative_to(root)
-        dest = aside / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(f, dest)
-        moved.append(rel.as_posix())
-    return moved, str(aside)
+    return SparkRollback(root, tuple(todo))
 
 
 # ---------------------------------------------------------------- dispose

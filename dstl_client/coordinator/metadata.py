@@ -46,9 +46,10 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from dstl_client.core.atomic import fsync_dir, is_temp_name, write_once, write_replace
-from dstl_client.core.errors import ConfigError, DstlError
+from dstl_client.core.errors import ConfigError, DstlError, InvalidArgument
 
 __all__ = [
+    "CorruptMetadata",
     "FileMetadataStore",
     "MetadataStore",
     "MetadataStoreError",
@@ -76,6 +77,15 @@ class MetadataStoreError(DstlError):
         super().__init__(message)
         #: throttling, 5xx, timeouts, lost connections: another attempt may succeed
         self.retryable = retryable
+
+
+class CorruptMetadata(InvalidArgument):
+    """A metadata object (a checkpoint record, the overrides, a restore marker) that does
+    not decode or holds a value out of range; the message names the object and what is
+    wrong. Never skipped: a reader that cannot read a record must not act as if it had none.
+    """
+
+    kind = "corrupt_metadata"
 
 
 class MetadataWriteConflict(MetadataStoreError):

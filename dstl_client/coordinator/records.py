@@ -32,17 +32,30 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dstl_client.coordinator.codec import handle_from_text, handle_to_text
+from dstl_client.coordinator.codec import (
+    FieldError,
+    handle_from_text,
+    handle_to_text,
+    json_field,
+    json_int,
+    json_list,
+    json_number,
+    json_object,
+    json_str,
+)
+from dstl_client.coordinator.metadata import CorruptMetadata
 from dstl_client.coordinator.stats import CheckpointStats
 from dstl_client.core.errors import InvalidArgument
 from dstl_client.core.handle import ChangelogHandle
-from dstl_client.keygroups import KeyGroupRange
+from dstl_client.keygroups import MAX_MAX_PARALLELISM, KeyGroupRange
 
 if TYPE_CHECKING:
     from dstl_client.coordinator.messages import TaskResult
 
 RECORD_FORMAT = 1
 NO_BATCH = -1
+#: the largest batch id a record can have (its name holds 12 digits)
+MAX_BATCH_ID = 10**12 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,39 +208,98 @@ class CheckpointRecord:
         return json.dumps(self.to_json(), indent=1, sort_keys=True).encode("utf-8")
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> CheckpointRecord:
-        if doc.get("format") != RECORD_FORMAT:
-            raise InvalidArgument(f"unsupported checkpoint record format {doc.get('format')!r}")
+    def from_json(
+        cls, doc: dict[str, Any], *, where: str = "checkpoint record"
+    ) -> CheckpointRecord:
+        """The record of a JSON object; :class:`~.metadata.CorruptMetadata` naming ``where``
+        and the field when any field is missing, of the wrong type or out of range."""
+        try:
+            return cls._decode(json_object(doc, "the record"))
+        except FieldError as exc:
+            raise CorruptMetadata(f"{where}: {exc}") from None
+        except RecursionError:
+            raise CorruptMetadata(f"{where}: nested too deeply") from None
+
+    @classmethod
+    def _decode(cls, doc: dict[str, Any]) -> CheckpointRecord:
+        fmt = doc.get("format")
+        if fmt != RECORD_FORMAT or isinstance(fmt, bool):
+            raise FieldError(f"format: unsupported checkpoint record format {fmt!r}")
+        max_p = json_int(
+            json_field(doc, "max_parallelism"), "max_parallelism", 1, MAX_MAX_PARALLELISM
+        )
+        last_kg = max_p - 1
+
+        def kg(value: Any, what: str) -> int:
+            return json_int(value, what, 0, last_kg)
+
+        def batch(value: Any, what: str, lo: int = 0) -> int:
+            return json_int(value, what, lo, MAX_BATCH_ID)
+
+        subtasks = []
+        for n, item in enumerate(json_list(json_field(doc, "subtasks"), "subtasks")):
+            w = f"subtasks[{n}]"
+            i, f, la, a = json_list(item, w, 4)
+            subtasks.append(
+                SubtaskInfo(
+                    json_int(i, f"{w} index", 0, max_p), kg(f, w), kg(la, w), json_str(a, w)
+                )
+            )
+        kg_map = []
+        for n, item in enumerate(json_list(json_field(doc, "kg_map"), "kg_map")):
+            w = f"kg_map[{n}]"
+            f, la, part, b = json_list(item, w, 4)
+            kg_map.append(
+                MatEntry(
+                    kg(f, w),
+                    kg(la, w),
+                    None if part is None else json_str(part, w),
+                    batch(b, w, NO_BATCH),
+                )
+            )
+        parts = {
+            pid: handle_from_text(h, f"parts[{pid!r}]")
+            for pid, h in json_object(json_field(doc, "parts"), "parts").items()
+        }
+        segments = []
+        for n, item in enumerate(json_list(json_field(doc, "segments"), "segments")):
+            w = f"segments[{n}]"
+            b, f, la, h = json_list(item, w, 4)
+            segments.append(Segment(batch(b, w), kg(f, w), kg(la, w), handle_from_text(h, w)))
+        operator_state = []
+        for n, item in enumerate(json_list(doc.get("operator_state") or [], "operator_state")):
+            w = f"operator_state[{n}]"
+            i, h = json_list(item, w, 2)
+            operator_state.append((json_int(i, w, 0, max_p), handle_from_text(h, w)))
+        stats_doc = doc.get("stats")
+        try:
+            stats = CheckpointStats.from_json(stats_doc) if stats_doc else None
+        except FieldError as exc:
+            raise FieldError(f"stats: {exc}") from None
         return cls(
-            job_id=doc["job_id"],
-            operator_id=doc["operator_id"],
-            batch_id=int(doc["batch_id"]),
-            max_parallelism=int(doc["max_parallelism"]),
-            parallelism=int(doc["parallelism"]),
-            subtasks=tuple(
-                SubtaskInfo(int(i), int(f), int(la), a) for i, f, la, a in doc["subtasks"]
-            ),
-            kg_map=tuple(MatEntry(int(f), int(la), p, int(b)) for f, la, p, b in doc["kg_map"]),
-            parts={pid: handle_from_text(h) for pid, h in doc["parts"].items()},
-            segments=tuple(
-                Segment(int(b), int(f), int(la), handle_from_text(h))
-                for b, f, la, h in doc["segments"]
-            ),
+            job_id=json_str(json_field(doc, "job_id"), "job_id"),
+            operator_id=json_str(json_field(doc, "operator_id"), "operator_id"),
+            batch_id=batch(json_field(doc, "batch_id"), "batch_id"),
+            max_parallelism=max_p,
+            parallelism=json_int(json_field(doc, "parallelism"), "parallelism", 1, max_p),
+            subtasks=tuple(subtasks),
+            kg_map=tuple(kg_map),
+            parts=parts,
+            segments=tuple(segments),
             source_progress=doc.get("source_progress"),
-            created_unix=float(doc.get("created_unix", 0.0)),
-            stats=CheckpointStats.from_json(doc["stats"]) if doc.get("stats") else None,
-            operator_state=tuple(
-                (int(i), handle_from_text(h)) for i, h in doc.get("operator_state") or ()
-            ),
+            created_unix=json_number(doc.get("created_unix", 0.0), "created_unix"),
+            stats=stats,
+            operator_state=tuple(operator_state),
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> CheckpointRecord:
+    def from_bytes(cls, data: bytes, *, where: str = "checkpoint record") -> CheckpointRecord:
+        """:meth:`from_json` of the bytes; :class:`~.metadata.CorruptMetadata` naming ``where``."""
         try:
             doc = json.loads(data)
-        except ValueError as exc:
-            raise InvalidArgument(f"checkpoint record is not JSON: {exc}") from None
-        return cls.from_json(doc)
+        except (ValueError, RecursionError) as exc:
+            raise CorruptMetadata(f"{where}: not JSON ({exc})") from None
+        return cls.from_json(doc, where=where)
 
 
 def next_record(

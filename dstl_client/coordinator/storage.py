@@ -21,7 +21,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dstl_client.coordinator.metadata import MetadataStore, check_prefix, open_metadata_store
+from dstl_client.coordinator.metadata import (
+    CorruptMetadata,
+    MetadataStore,
+    check_prefix,
+    open_metadata_store,
+)
 from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.core.errors import DstlError
 
@@ -83,13 +88,23 @@ class CheckpointStorage:
         return self.store.get(self.name_of(batch_id)) is not None
 
     def load(self, batch_id: int) -> CheckpointRecord:
-        """The record of ``batch_id``; :class:`CheckpointMissing` if there is none."""
+        """The record of ``batch_id``; :class:`CheckpointMissing` if there is none.
+
+        A record that does not decode, or whose batch id is not the one its
+        name says, raises :class:`~.metadata.CorruptMetadata` naming the file.
+        """
         data = self.store.get(self.name_of(batch_id))
         if data is None:
             raise CheckpointMissing(
                 f"no checkpoint record of batch {batch_id}: {self.describe(batch_id)}"
             )
-        return CheckpointRecord.from_bytes(data)
+        where = self.describe(batch_id)
+        record = CheckpointRecord.from_bytes(data, where=where)
+        if record.batch_id != batch_id:
+            raise CorruptMetadata(
+                f"{where}: holds the record of batch {record.batch_id}, not {batch_id}"
+            )
+        return record
 
     def write(self, record: CheckpointRecord) -> str:
         """Write a new record, its name; :class:`CheckpointExists` if its batch has one."""

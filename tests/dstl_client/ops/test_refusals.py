@@ -12,6 +12,7 @@ A real sidecar process (file:// storage), real records written by the coordinato
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from dstl_client.client import ChangelogClient
@@ -123,3 +124,45 @@ def test_the_drivers_sweep_refuses_without_a_record_of_its_job(
     coord = job.coordinator(client=client, orphan_grace_s=0.0)
     coord.close()
     assert coord.latest is not None and referenced(job) <= stored(sidecar, job.job_id)
+
+
+# ----------------------------------------------------------------- restore
+
+
+def test_a_refused_restore_changes_nothing(
+    tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
+) -> None:
+    job = Job(tmp_path, sidecar.address, "refuse-restore")
+    job.run(client, range(5))
+    before = {b: records(job).load(b).to_bytes() for b in records(job).batch_ids()}
+    # a Spark checkpoint that is not this job's: its offsets of batch 3 differ from the record
+    spark = job.checkpoint_dir / "spark"
+    for b in range(5):
+        (spark / "offsets").mkdir(parents=True, exist_ok=True)
+        (spark / "offsets" / str(b)).write_text(f'v1\n{{"other": {b}}}')
+    r = dstl("checkpoints", "restore", "3", *job.where())
+    assert r.code == 2, r
+    assert "differ from the source progress" in one_line(r.err)
+    marker = job.checkpoint_dir / "dstl" / "restore.json"
+    assert not marker.exists()
+    assert {b: records(job).load(b).to_bytes() for b in records(job).batch_ids()} == before
+    assert sorted(p.name for p in (spark / "offsets").iterdir()) == ["0", "1", "2", "3", "4"]
+    # the next plain start runs normally, from the latest record (no roll back applied later)
+    coord = job.coordinator(client=client)
+    try:
+        assert coord.restored is None
+        assert coord.latest is not None and coord.latest.batch_id == 4
+    finally:
+        coord.close()
+    # a restore of a batch that is not retained is refused before anything too
+    r = dstl("checkpoints", "restore", "0", "--no-spark", *job.where())
+    assert r.code == 2 and "not a retained checkpoint" in one_line(r.err)
+    assert not marker.exists()
+    # an accepted one (Spark's progress left alone) is done, and a start finds it done
+    r = dstl("checkpoints", "restore", "3", "--no-spark", *job.where())
+    assert r.code == 0, r.err
+    assert json.loads(marker.read_text())["done"] is True
+    assert records(job).batch_ids() == [2, 3]
+    job.run(client, range(4, 5), materialize_at=())
+    assert records(job).batch_ids() == [2, 3, 4]
+    assert decode_rows(checkpoint_rows(records(job).load(4), client)) == reference(BATCHES[:5])
