@@ -84,7 +84,7 @@ class DstlServer:
         # With a parent (forwarding tree), small flushes go to it; else it is None.
         self.forwarder = ParentForwarder.from_settings(settings, self.metrics)
         self.registry = LogRegistry(settings, self.uploader, self.metrics, self.forwarder)
-        self.auth = Authenticator(settings.auth_secret) if settings.auth_secret else None
+        self.auth = Authenticator.from_settings(settings)
         self.service = ChangelogService(
             self.registry, self.store, self.metrics, self.epoch, self.auth
         )

@@ -40,6 +40,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -177,7 +178,25 @@ class ServerSettings:
         env_only=True,
     )
     auth_secret_file: str = _setting(
-        "", "File holding the node secret (instead of DSTL_AUTH_SECRET)."
+        "",
+        "File holding the node secret (instead of DSTL_AUTH_SECRET). A secret that is given "
+        "must be valid: an empty file, or an empty DSTL_AUTH_SECRET, refuses to start; no "
+        "auth is leaving both unset (loopback or Unix socket only).",
+    )
+    auth_previous_secret: str = _setting(
+        "",
+        "The node secret being rotated out: tokens derived from it stay valid until "
+        "auth_previous_secret_until (docs/deploy.md, 'Rotating the node secret'). "
+        "Environment only (never a flag); as strong as auth_secret.",
+        env_only=True,
+    )
+    auth_previous_secret_file: str = _setting(
+        "", "File holding the previous node secret (instead of DSTL_AUTH_PREVIOUS_SECRET)."
+    )
+    auth_previous_secret_until: str = _setting(
+        "",
+        "When tokens of the previous node secret stop working: an ISO 8601 time with its UTC "
+        "offset, e.g. 2030-01-31T12:00:00Z; required with a previous secret.",
     )
     tls_cert: str = _setting("", "PEM certificate file; with --tls-key enables TLS on TCP.")
     tls_key: str = _setting("", "PEM private key file for --tls-cert.")
@@ -238,13 +257,31 @@ class ServerSettings:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert and tls_key go together")
         if self.auth_secret:
-            secret = self.auth_secret.strip()
-            if len(secret) < MIN_SECRET_CHARS or len(set(secret)) < MIN_SECRET_DISTINCT:
-                raise ConfigError(
-                    f"setting auth_secret: too weak (need at least {MIN_SECRET_CHARS} "
-                    f"characters, {MIN_SECRET_DISTINCT} of them distinct; e.g. "
-                    "`openssl rand -hex 32`)"
+            check_secret_strength("auth_secret", self.auth_secret)
+        if self.auth_previous_secret or self.auth_previous_secret_until:
+            if not self.auth_previous_secret:
+                raise bad(
+                    "auth_previous_secret_until",
+                    "needs a previous secret (DSTL_AUTH_PREVIOUS_SECRET or "
+                    "auth_previous_secret_file)",
                 )
+            if not self.auth_secret:
+                raise ConfigError(
+                    "setting auth_previous_secret: a previous secret needs the current one "
+                    "(DSTL_AUTH_SECRET or auth_secret_file)"
+                )
+            check_secret_strength("auth_previous_secret", self.auth_previous_secret)
+            if self.auth_previous_secret.strip() == self.auth_secret.strip():
+                raise ConfigError(
+                    "setting auth_previous_secret: the same as auth_secret (the previous "
+                    "secret is the one being rotated out)"
+                )
+            if not self.auth_previous_secret_until:
+                raise ConfigError(
+                    "setting auth_previous_secret: needs auth_previous_secret_until, the time "
+                    "its tokens stop working (e.g. 2030-01-31T12:00:00Z)"
+                )
+            parse_deadline("auth_previous_secret_until", self.auth_previous_secret_until)
         check_storage_url(self.storage)
         if not -1 <= self.metrics_port <= 65535:
             raise bad("metrics_port", "expected -1 (off), 0 (any) or a port")
@@ -317,6 +354,13 @@ class ServerSettings:
             raise bad("log_level", "expected DEBUG, INFO, WARNING, ERROR or CRITICAL")
 
     @property
+    def auth_previous_deadline(self) -> float | None:
+        """Unix time until which tokens of ``auth_previous_secret`` are accepted (None: none)."""
+        if not self.auth_previous_secret:
+            return None
+        return parse_deadline("auth_previous_secret_until", self.auth_previous_secret_until)
+
+    @property
     def parent_address(self) -> str:
         """The parent this node forwards to ("" for none); see :mod:`dstl_server.topology`."""
         return forwarding_parent(self)
@@ -362,22 +406,14 @@ class ServerSettings:
             if v is not None:
                 values[k] = v
                 source[k] = flag_name(k)
-        secret_file = values.get("auth_secret_file")
-        if secret_file:
-            if values.get("auth_secret"):
-                raise ConfigError("give the auth secret once: DSTL_AUTH_SECRET or auth_secret_file")
-            try:
-                values["auth_secret"] = Path(secret_file).read_text().strip()
-            except OSError as exc:
-                raise ConfigError(
-                    f"setting auth_secret_file={secret_file!r}: cannot read: {exc.strerror}"
-                ) from None
+        _load_secret(values, source, "auth_secret")
+        _load_secret(values, source, "auth_previous_secret")
         try:
             return cls(**values)
         except ConfigError as exc:
             # "setting NAME=...: why (from DSTL_<NAME>)" when a flag or variable set it
             m = re.match(r"setting (\w+)\b", exc.message)
-            if m and m.group(1) in source and m.group(1) != "auth_secret":
+            if m and m.group(1) in source and not cls.env_only(m.group(1)):
                 raise ConfigError(f"{exc.message} (from {source[m.group(1)]})") from None
             raise
 
@@ -385,6 +421,80 @@ class ServerSettings:
     def env_only(cls, name: str) -> bool:
         """True for settings (secrets) that have no command-line flag."""
         return bool(cls.__dataclass_fields__[name].metadata["env_only"])
+
+
+def check_secret_strength(name: str, secret: str) -> None:
+    """Refuse a node secret shorter than :data:`MIN_SECRET_CHARS` or with fewer than
+    :data:`MIN_SECRET_DISTINCT` distinct characters (after stripping whitespace); the
+    message never holds the secret."""
+    text = secret.strip()
+    if len(text) < MIN_SECRET_CHARS or len(set(text)) < MIN_SECRET_DISTINCT:
+        raise ConfigError(
+            f"setting {name}: too weak (need at least {MIN_SECRET_CHARS} characters, "
+            f"{MIN_SECRET_DISTINCT} of them distinct; e.g. `openssl rand -hex 32`)"
+        )
+
+
+def parse_deadline(name: str, text: str) -> float:
+    """Unix time of an ISO 8601 time that names its UTC offset (``2030-01-31T12:00:00Z``)."""
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise ConfigError(
+            f"setting {name}={text!r}: expected an ISO 8601 time with its UTC offset, "
+            "e.g. 2030-01-31T12:00:00Z"
+        )
+    return when.timestamp()
+
+
+#: what leaving a secret unset means, for the messages of :func:`_load_secret`
+_UNSET_MEANS = {
+    "auth_secret": "to run without auth, on loopback or a Unix socket only",
+    "auth_previous_secret": "when no rotation is under way",
+}
+
+
+def _load_secret(values: dict[str, Any], source: Mapping[str, str], name: str) -> None:
+    """Put the secret ``name`` from its file (setting ``<name>_file``) into ``values``.
+
+    A secret that was given (the variable set, or the file setting given) must
+    not be empty: an empty variable, an empty path or a file of whitespace is a
+    :class:`ConfigError`, never "no secret". No secret is leaving both unset.
+    The messages name where the secret came from, never its text.
+    """
+    file_name = f"{name}_file"
+    unset = _UNSET_MEANS[name]
+    if file_name in values:
+        path = values[file_name]
+        if name in values:
+            what = name.replace("_", " ")
+            raise ConfigError(f"give the {what} once: {env_name(name)} or {file_name}")
+        if not path:
+            raise ConfigError(
+                f"setting {file_name}: {source.get(file_name, file_name)} names no file "
+                f"(leave it unset {unset})"
+            )
+        try:
+            text = Path(path).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"setting {file_name}={path!r}: cannot read: {exc.strerror}"
+            ) from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"setting {file_name}={path!r}: not UTF-8 text") from None
+        if not text:
+            raise ConfigError(
+                f"setting {file_name}={path!r}: the file is empty (a secret that is given "
+                f"must be valid; leave {file_name} unset {unset})"
+            )
+        values[name] = text
+    elif name in values and not str(values[name]).strip():
+        raise ConfigError(
+            f"setting {name}: {source.get(name, name)} is set but empty (a secret that is "
+            f"given must be valid; unset it {unset})"
+        )
 
 
 def check_storage_url(url: str) -> None:

@@ -115,6 +115,8 @@ class ServerProcess:
         self.epoch = ""
         #: whether the store answered the start probe (``store=`` of the READY line)
         self.store_up = False
+        #: every ``key=value`` of the READY line (``auth`` is ``on`` or ``off``)
+        self.ready_fields: dict[str, str] = {}
         self.stderr_path = self.root / "server.stderr"
         self._stderr: Any = None
 
@@ -140,6 +142,7 @@ class ServerProcess:
         self.metrics_port = int(fields["metrics_port"]) if fields["metrics_port"] != "None" else 0
         self.epoch = fields["epoch"]
         self.store_up = fields.get("store") == "up"
+        self.ready_fields = fields
         return self
 
     def scrape_metrics(self) -> dict[str, float]:

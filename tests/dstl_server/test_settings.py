@@ -366,7 +366,10 @@ def test_secret_strength() -> None:
 def test_auth_secret_is_environment_only() -> None:
     assert ServerSettings.env_only("auth_secret")
     names = [f.name for f in dataclasses.fields(ServerSettings)]
-    assert [n for n in names if ServerSettings.env_only(n)] == ["auth_secret"]
+    assert [n for n in names if ServerSettings.env_only(n)] == [
+        "auth_secret",
+        "auth_previous_secret",
+    ]
     assert "auth_token" not in names
     s = ServerSettings.from_sources(environ={"DSTL_AUTH_SECRET": SECRET})
     assert s.auth_secret == SECRET
