@@ -14,8 +14,10 @@ its output again; how each kind of sink takes that:
   its earlier attempt. Readers (Spark skips ``_``-folders) see each batch's
   rows once, once its move is done.
 * ``delta``: appends with ``txnAppId``/``txnVersion`` (Delta's idempotent writes).
-* ``memory`` (a temporary view named by ``queryName``), ``console``, ``noop``:
-  by batch id, or harmless.
+* ``memory``: a temporary view named by ``queryName`` in the session that
+  started the query (readable with ``spark.table``/``spark.sql`` from the
+  start, empty until the first batch, and after the query stopped, as
+  Spark's memory sink), kept by batch id; ``console``, ``noop``: harmless.
 * ``foreachBatch(fn)``: ``fn(df, batch_id)``, to be made idempotent by its
   batch id, as with Spark's own ``foreachBatch``.
 * any other format (``jdbc``, ``kafka``, ``iceberg``...) and ``toTable``:
@@ -109,26 +111,38 @@ class ExactlyOnceFileSink:
 
 
 class MemorySink:
-    """Every batch's rows kept on the driver, as the temporary view ``query_name``.
+    """Every batch's rows kept on the driver, as the temporary view ``name`` of ``session``.
 
-    Keyed by batch id, so a re-delivered batch replaces itself. For tests and
-    notebooks (the output must fit the driver). Thread: the driver's batch thread.
+    ``session`` is the user's (the one the query was started from), not the
+    batch DataFrame's: Spark runs ``foreachBatch`` in a clone of it, whose
+    temporary views the user never sees. The view exists from construction
+    (empty, with ``schema``) and stays after the query stops, as with
+    Spark's memory sink. Keyed by batch id, so a re-delivered batch replaces
+    itself. For tests and notebooks (the output must fit the driver).
+    Thread: the driver's batch thread (the constructor: the thread starting the query).
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, session: Any, schema: Any) -> None:
         if not name:
             raise ConfigError("the memory sink needs a queryName (its view's name)")
         self.name = name
+        self.session = session
+        self.schema = schema
         self.batches: dict[int, list[Any]] = {}
+        self._publish()
 
     def __call__(self, df: Any, batch_id: int) -> None:
         self.batches[batch_id] = df.collect()
+        self._publish()
+
+    def _publish(self) -> None:
         rows = [r for b in sorted(self.batches) for r in self.batches[b]]
-        df.sparkSession.createDataFrame(rows, df.schema).createOrReplaceTempView(self.name)
+        self.session.createDataFrame(rows, self.schema).createOrReplaceTempView(self.name)
 
 
-def make_sink(spec: WriteSpec, *, app_id: str) -> Sink:
-    """The batch function for ``spec`` (``app_id`` names the query for idempotent writers)."""
+def make_sink(spec: WriteSpec, *, app_id: str, session: Any, schema: Any) -> Sink:
+    """The batch function for ``spec``: ``app_id`` names the query for idempotent writers,
+    ``session`` is the user's and ``schema`` the rows' (a ``StructType``; the memory sink)."""
     if spec.foreach_batch is not None:
         return spec.foreach_batch
     fmt = spec.format.lower()
@@ -145,7 +159,7 @@ def make_sink(spec: WriteSpec, *, app_id: str) -> Sink:
     if fmt in FILE_FORMATS:
         return ExactlyOnceFileSink(spec)
     if fmt == "memory":
-        return MemorySink(spec.query_name or "")
+        return MemorySink(spec.query_name or "", session, schema)
     if fmt == "console":
         rows = int(spec.options.get("numRows", 20))
         truncate = str(spec.options.get("truncate", "true")).lower() == "true"

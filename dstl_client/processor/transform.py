@@ -180,7 +180,12 @@ def transform_with_state(
                 "(checkpointLocation) or as spark.dstl.* configuration keys"
             ) from None
         driver = ProcessorDriver(spec, schemas, opts, initial_df, init_type)
-        sink = make_sink(write, app_id=opts.job_id or default_job_id(opts.checkpoint_dir))
+        sink = make_sink(
+            write,
+            app_id=opts.job_id or default_job_id(opts.checkpoint_dir),
+            session=df.sparkSession,
+            schema=schemas.user,
+        )
         return driver.start(df, sink)
 
     return ProcessorStream(start, schemas.user, output_mode)
