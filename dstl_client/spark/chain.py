@@ -55,7 +55,9 @@ from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.messages import BatchPlan, TaskResult
 from dstl_client.core.errors import ConfigError
 from dstl_client.spark.keyed import (
+    BatchHooks,
     KeyedSchemas,
+    TaskFunction,
     keyed_schemas,
     route_and_map,
     start_query,
@@ -116,12 +118,30 @@ class ChainQuery(DstlQuery):
 
 
 @dataclass(frozen=True, slots=True)
-class _Stage:
-    """A stage as the chain runs it: its options, schemas, input columns, coordinator."""
+class ChainLink:
+    """One keyed operator as :func:`run_chain` runs it. Frozen: any thread.
 
-    stage: KeyedStage
+    ``opts`` are the stage's (its ``operator_id`` and ``parallelism``);
+    ``hooks`` what runs in and around its tasks, as for
+    :func:`~dstl_client.spark.keyed.run_keyed_query` (``make_task`` and
+    ``prepare`` get the stage's input rows of the batch, ``recorded`` is
+    called once every stage recorded the batch); ``after(rows, batch_id)``
+    turns the stage's output rows into what the next stage (or the sink)
+    reads, on the driver (checks, stateless steps).
+    """
+
     opts: KeyedOptions
+    key: str
     schemas: KeyedSchemas
+    hooks: BatchHooks
+    after: Callable[[Any, int], Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Stage:
+    """A stage as the chain runs it: its link and coordinator."""
+
+    link: ChainLink
     coordinator: CheckpointCoordinator
 
 
@@ -140,50 +160,99 @@ def process_chain(
     operator id and, if it sets one, the parallelism. The sink gets the last
     stage's output. Returns the started :class:`ChainQuery`.
     """
-    from pyspark.sql import functions as F
-
     opts = KeyedOptions.of(config, options)
     if not stages:
         raise ConfigError("a chain needs at least one stage")
+    columns: list[str] = list(df.columns)
+    links: list[ChainLink] = []
+    for stage in stages:
+        if stage.key not in columns:
+            raise ConfigError(
+                f"stage {stage.operator_id!r}: key column {stage.key!r} is not in {columns}"
+            )
+        schemas = keyed_schemas(stage.output_schema)
+        links.append(
+            ChainLink(
+                opts=stage_options(opts, stage.operator_id, stage.parallelism),
+                key=stage.key,
+                schemas=schemas,
+                hooks=BatchHooks(make_task=functools.partial(_keyed_task_of, stage, schemas)),
+            )
+        )
+        columns = [f.name for f in schemas.user.fields]
+    return run_chain(df, links, sink=sink, opts=opts)
+
+
+def _keyed_task_of(
+    stage: KeyedStage, schemas: KeyedSchemas, plan: BatchPlan, rows: Any, batch_id: int
+) -> TaskFunction:
+    """A :class:`KeyedStage`'s ``mapInArrow`` function of a batch (its input: ``rows``)."""
+    return functools.partial(
+        keyed_task, plan, stage.key, stage.fn, list(rows.columns), schemas.arrow
+    )
+
+
+def stage_options(opts: KeyedOptions, operator_id: str, parallelism: int | None) -> KeyedOptions:
+    """A chain stage's options: the chain's, with the stage's operator id and parallelism.
+
+    The chain serves no metrics or REST port of its own per stage.
+    """
+    return dataclasses.replace(
+        opts,
+        operator_id=operator_id,
+        parallelism=parallelism or opts.parallelism,
+        metrics_port=None,
+        config_port=None,
+    )
+
+
+def run_chain(
+    df: Any,
+    links: list[ChainLink],
+    *,
+    sink: Callable[[Any, int], None] | None,
+    opts: KeyedOptions,
+    handle_factory: Callable[[list[CheckpointCoordinator], int | None], ChainQuery] = ChainQuery,
+) -> ChainQuery:
+    """The batch cycle of a chain (see the module documentation) over ``links``.
+
+    ``opts`` are the chain's: its Spark checkpoint, trigger, query name and
+    ``start``. ``handle_factory(coordinators, metrics_port)`` makes the
+    returned handle (a :class:`ChainQuery` or a subclass). Returns it, started
+    unless ``opts.start`` is false.
+    """
+    from pyspark.sql import functions as F
+
+    if not links:
+        raise ConfigError("a chain needs at least one stage")
     if opts.restore_from is not None:
         raise ConfigError(
-            "restore_from is not supported by process_chain (its stages and its Spark "
+            "restore_from is not supported by a chain (its stages and its Spark "
             "checkpoint would have to be rolled back together)"
         )
-    ids = [s.operator_id for s in stages]
+    ids = [link.opts.operator_id for link in links]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"the stages' operator ids must differ: {ids}")
     if opts.on_phase is not None:
         raise ConfigError("on_phase is not supported by a chain")
-    columns: list[str] = list(df.columns)
+    for reserved in RESERVED_COLUMNS:
+        if reserved in df.columns:
+            raise ConfigError(f"column name {reserved!r} is reserved")
     planned: list[_Stage] = []
     try:
-        for stage in stages:
-            stage_opts = dataclasses.replace(
-                opts,
-                operator_id=stage.operator_id,
-                parallelism=stage.parallelism or opts.parallelism,
-                metrics_port=None,
-                config_port=None,
-            )
-            stage_opts.validate()
-            if stage.key not in columns:
-                raise ConfigError(
-                    f"stage {stage.operator_id!r}: key column {stage.key!r} is not in {columns}"
-                )
+        for link in links:
+            link.opts.validate()
             for reserved in RESERVED_COLUMNS:
-                if reserved in columns:
+                if reserved in link.schemas.user.fieldNames():
                     raise ConfigError(f"column name {reserved!r} is reserved")
-            schemas = keyed_schemas(stage.output_schema)
-            coordinator = CheckpointCoordinator(stage_opts.coordinator_config())
-            planned.append(_Stage(stage, stage_opts, schemas, coordinator))
+            coordinator = CheckpointCoordinator(link.opts.coordinator_config())
+            planned.append(_Stage(link, coordinator))
             coordinator.start()
-            columns = [f.name for f in schemas.user.fields]
     except BaseException:
         for p in planned:
             p.coordinator.close()
         raise
-    handle = ChainQuery([p.coordinator for p in planned], None)
+    handle = handle_factory([p.coordinator for p in planned], None)
     job_id = planned[0].coordinator.config.job_id
     running: dict[int, tuple[Any, str]] = {}
 
@@ -207,7 +276,7 @@ def process_chain(
             started = time.monotonic()
             plans: list[BatchPlan] = []
             for p in planned:  # the stages without a record of the batch: a prefix
-                plan = p.coordinator.plan_batch(batch_id, p.opts.parallelism)
+                plan = p.coordinator.plan_batch(batch_id, p.link.opts.parallelism)
                 if plan is None:
                     break
                 plans.append(plan)
@@ -221,36 +290,44 @@ def process_chain(
             try:
                 rows = batch_df
                 results: list[list[TaskResult]] = []
+                extras: list[list[bytes | None]] = []
                 for p, plan in zip(planned, plans, strict=False):
-                    in_columns = list(rows.columns)
-                    task = functools.partial(
-                        keyed_task, plan, p.stage.key, p.stage.fn, in_columns, p.schemas.arrow
+                    link = p.link
+                    hooks = link.hooks
+                    stage_rows = (
+                        rows if hooks.prepare is None else hooks.prepare(rows, batch_id, plan)
                     )
                     mapped = route_and_map(
-                        rows,
-                        key=p.stage.key,
-                        parallelism=p.opts.parallelism,
-                        max_parallelism=p.opts.max_parallelism,
-                        task=task,
-                        schemas=p.schemas,
+                        stage_rows,
+                        key=link.key,
+                        parallelism=link.opts.parallelism,
+                        max_parallelism=link.opts.max_parallelism,
+                        task=hooks.make_task(plan, rows, batch_id),
+                        schemas=link.schemas,
                     ).persist()
                     cached.append(mapped)
                     metas = mapped.where(is_result).select(*RESULT_COLUMNS).collect()
                     results.append([TaskResult.from_bytes(bytes(r[0])) for r in metas])
+                    extras.append([None if r[1] is None else bytes(r[1]) for r in metas])
                     rows = mapped.where(~is_result).drop(*RESULT_COLUMNS)
+                    if link.after is not None:
+                        rows = link.after(rows, batch_id)
                 if len(plans) == len(planned) and sink is not None:
                     sink(rows, batch_id)
                 elif len(plans) < len(planned):
                     log.info(
                         "batch %d re-ran stages %s; the later stages had recorded it",
                         batch_id,
-                        [p.stage.operator_id for p in planned[: len(plans)]],
+                        [p.link.opts.operator_id for p in planned[: len(plans)]],
                     )
                 progress = source_progress(spark_checkpoint, batch_id)
                 for i in reversed(range(len(plans))):  # downstream first
                     planned[i].coordinator.complete_batch(
                         plans[i], results[i], source_progress=progress, started_monotonic=started
                     )
+                for p, stage_extras in zip(planned, extras, strict=False):
+                    if p.link.hooks.recorded is not None:
+                        p.link.hooks.recorded(batch_id, stage_extras)
             finally:
                 for mapped in cached:
                     mapped.unpersist()
