@@ -16,8 +16,9 @@ import dataclasses
 import json
 import threading
 
+from dstl_client.coordinator.codec import shown
 from dstl_client.coordinator.config import CoordinatorConfig
-from dstl_client.coordinator.metadata import MetadataStore
+from dstl_client.coordinator.metadata import CorruptMetadata, MetadataStore
 from dstl_client.core.errors import ConfigError, DstlError
 
 INTERVAL = "checkpointInterval"
@@ -27,6 +28,9 @@ FIELDS = (INTERVAL, TIMEOUT, MATERIALIZATION)
 #: the shortest checkpoint (trigger) interval: below it a micro-batch's fixed cost
 #: (planning, two Spark jobs, the record) is most of the interval
 MIN_INTERVAL_MS = 100
+#: the largest value of every field (7 days, in milliseconds): a longer interval or
+#: timeout is a mistake (a unit slip), and keeps every value far inside a float's range
+MAX_OVERRIDE_MS = 7 * 24 * 3600 * 1000
 
 
 class ConfigUpdateInProgress(DstlError):
@@ -37,11 +41,19 @@ class ConfigUpdateInProgress(DstlError):
 
 
 def check_override(name: str, value: object) -> None:
-    """:class:`ConfigError` unless ``value`` is a positive integer (milliseconds) in range."""
+    """:class:`ConfigError` unless ``value`` is a positive integer (milliseconds) in range.
+
+    The range is 1 (:data:`MIN_INTERVAL_MS` for ``checkpointInterval``) to
+    :data:`MAX_OVERRIDE_MS`; ``null`` is refused like any other non-integer.
+    """
+    if value is None:
+        raise ConfigError(f"{name} must be a positive integer (milliseconds), not null")
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{name} must be a positive integer (milliseconds)")
     if name == INTERVAL and value < MIN_INTERVAL_MS:
         raise ConfigError(f"{name} must be at least {MIN_INTERVAL_MS} ms")
+    if value > MAX_OVERRIDE_MS:
+        raise ConfigError(f"{name} must be at most {MAX_OVERRIDE_MS} ms (7 days)")
 
 
 def apply_overrides(config: CoordinatorConfig, overrides: dict[str, int]) -> CoordinatorConfig:
@@ -83,16 +95,32 @@ class ConfigOverrides:
         return self.store.describe(self.name)
 
     def read(self) -> dict[str, int]:
+        """The stored overrides (``{}`` when there are none).
+
+        A file that does not decode, or a known field whose value
+        :func:`check_override` refuses, raises
+        :class:`~.metadata.CorruptMetadata` naming the file and the field
+        (unknown fields are ignored: a newer writer's).
+        """
         data = self.store.get(self.name)
         if data is None:
             return {}
         try:
             doc = json.loads(data)
-        except ValueError as exc:
-            raise ConfigError(f"unreadable {self.location}: {exc}") from None
+        except (ValueError, RecursionError) as exc:
+            raise CorruptMetadata(f"{self.location}: not JSON ({exc})") from None
         if not isinstance(doc, dict):
-            raise ConfigError(f"unreadable {self.location}: not a JSON object")
-        return {k: int(v) for k, v in doc.items() if k in FIELDS}
+            raise CorruptMetadata(f"{self.location}: not a JSON object")
+        out: dict[str, int] = {}
+        for k, v in doc.items():
+            if k not in FIELDS:
+                continue
+            try:
+                check_override(k, v)
+            except ConfigError as exc:
+                raise CorruptMetadata(f"{self.location}: {exc.message}, not {shown(v)}") from None
+            out[k] = v
+        return out
 
     def update(
         self, config: CoordinatorConfig, changes: dict[str, int]

@@ -17,14 +17,29 @@
     by Spark's rules, else its deadline moves).
   - ``materializationInterval``: the background materialization's period.
 
+  Every value is an integer from 1 to :data:`MAX_OVERRIDE_MS` (7 days;
+  ``checkpointInterval`` from :data:`MIN_INTERVAL_MS`); ``null`` is refused,
+  not ignored (leave a field out to keep its value).
+
   -> 200 with the new effective values; 400 for a body that is not a JSON
   object, unknown fields or invalid values; 404 for an unknown job; 409 while
-  another update of the job is in progress; 503 when the update could not be
-  persisted (nothing was applied).
+  another update of the job is in progress; 413 for a body over 64 KiB; 503
+  when the update could not be persisted (nothing was applied).
 
-Every answer, errors included, is a JSON object (``{"error": ...}``); other
-methods get 405, other paths 404. Updates are persisted in the job's metadata
-store *before* they are applied, so a restarted driver applies them again.
+Every answer, errors included, is a JSON object (``{"error": ...}``), an
+unexpected failure too (500); other methods get 405, other paths 404.
+Updates are persisted in the job's metadata store *before* they are applied,
+so a restarted driver applies them again.
+
+**Bounded**: the endpoint is a control path in the driver, whose data path
+(checkpoint record writes, the sidecar's channels) needs file descriptors, so
+it holds at most ``max_connections`` connections (default
+:data:`DEFAULT_MAX_CONNECTIONS`): one more is answered ``503`` (JSON) and
+closed at once. A connection that has not sent a complete request head
+within ``head_timeout_s`` (default :data:`DEFAULT_HEAD_TIMEOUT_S`) of being
+opened or of its previous answer is closed (slowloris, idle keep-alive), and
+a request body must arrive within the same time. A request head is at most
+32 header lines of 8 KiB each.
 
 The server binds ``127.0.0.1`` by default. On any other host it requires a
 token: every request must carry ``Authorization: Bearer <token>`` (401
@@ -42,19 +57,24 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
 import socket
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.overrides import (
     INTERVAL,
     MATERIALIZATION,
+    MAX_OVERRIDE_MS,
     MIN_INTERVAL_MS,
     TIMEOUT,
     ConfigUpdateInProgress,
+    check_override,
 )
 from dstl_client.core.errors import ConfigError, DstlError
 
@@ -67,9 +87,26 @@ _FIELDS = {
     MATERIALIZATION: "materialization_interval_ms",
 }
 _MAX_BODY = 64 * 1024
-_PATHS = ("/jobs/{job_id}/checkpoints/configuration", "/jobs/{job_id}/checkpoints/config")
+_PATH = re.compile(r"^/jobs/([^/]+)/checkpoints/(?:configuration|config)$")
+#: connections the endpoint holds at most (one more gets 503 and is closed)
+DEFAULT_MAX_CONNECTIONS = 64
+#: seconds a connection may take to send a complete request head (and a body)
+DEFAULT_HEAD_TIMEOUT_S = 5.0
+_MAX_HEADERS = 32
+_MAX_FIELD = 8190
+_REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+)
 
-__all__ = ["MIN_INTERVAL_MS", "CheckpointConfigServer", "is_loopback"]
+__all__ = [
+    "DEFAULT_HEAD_TIMEOUT_S",
+    "DEFAULT_MAX_CONNECTIONS",
+    "MAX_OVERRIDE_MS",
+    "MIN_INTERVAL_MS",
+    "CheckpointConfigServer",
+    "is_loopback",
+]
 
 
 def is_loopback(host: str) -> bool:
@@ -82,8 +119,89 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+class _GuardedServer(web.Server):
+    """aiohttp's low-level server with a connection cap and a head timeout.
+
+    Invariants: at most ``max_connections`` connections are kept (the next
+    one is answered 503 and closed in :meth:`connection_made`); a connection
+    with no request in its handler for ``head_timeout_s`` (since it opened or
+    since its last request ended) is closed by :meth:`reap`.
+
+    Thread: the event loop's only (aiohttp calls the hooks there, and
+    :meth:`reap` runs there).
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+        *,
+        max_connections: int,
+        head_timeout_s: float,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(handler, **kwargs)
+        self.max_connections = max_connections
+        self.head_timeout_s = head_timeout_s
+        #: connections held (accepted, not closed yet); the refused ones are not in it
+        self.live: set[RequestHandler] = set()
+        #: connection -> requests in its handler now
+        self.busy: dict[RequestHandler, int] = {}
+        #: connection -> loop time since which it has had no request in its handler
+        self.idle_since: dict[RequestHandler, float] = {}
+        self.refused = 0
+        self.reaped = 0
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        if len(self.live) >= self.max_connections:
+            self.refused += 1
+            body = json.dumps(
+                {"error": f"too many connections (at most {self.max_connections}): try again"}
+            ).encode()
+            transport.write(_REFUSED % (len(body), body))
+            # closed once aiohttp's handler task has started (closing here, before it
+            # exists, leaves that task failing on Python < 3.12)
+            asyncio.get_running_loop().call_soon(transport.close)
+            return
+        self.live.add(handler)
+        self.idle_since[handler] = asyncio.get_running_loop().time()
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        super().connection_lost(handler, exc)
+        self.live.discard(handler)
+        self.busy.pop(handler, None)
+        self.idle_since.pop(handler, None)
+
+    def request_began(self, handler: RequestHandler) -> None:
+        self.busy[handler] = self.busy.get(handler, 0) + 1
+
+    def request_ended(self, handler: RequestHandler) -> None:
+        n = self.busy.get(handler, 0) - 1
+        if n > 0:
+            self.busy[handler] = n
+            return
+        self.busy.pop(handler, None)
+        if handler in self.idle_since:
+            self.idle_since[handler] = asyncio.get_running_loop().time()
+
+    def reap(self) -> int:
+        """Close every connection idle (no request in its handler) for ``head_timeout_s``."""
+        deadline = asyncio.get_running_loop().time() - self.head_timeout_s
+        late = [
+            h for h, since in self.idle_since.items() if h not in self.busy and since <= deadline
+        ]
+        for h in late:
+            self.idle_since.pop(h, None)
+            h.force_close()
+            transport = h.transport
+            if transport is not None:
+                transport.close()
+        self.reaped += len(late)
+        return len(late)
 
 
 class CheckpointConfigServer:
@@ -91,24 +209,43 @@ class CheckpointConfigServer:
 
     Invariants: a request reaches only the coordinator registered under the
     job id of its path; an update is validated before anything is persisted;
-    off loopback, no request without the token gets past :meth:`_auth`.
+    off loopback, no request without the token gets past the token check;
+    at most ``max_connections`` connections are held, none idle or without a
+    complete request head for longer than ``head_timeout_s``; every answer is
+    a JSON object.
     Threads: requests run on the server's event-loop thread; :meth:`register`,
     :meth:`unregister` and :meth:`close` from any thread (the job table is
     guarded by a lock; coordinators are thread-safe).
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, token: str = "") -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        token: str = "",
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S,
+    ) -> None:
         if not is_loopback(host) and not token:
             raise ConfigError(
                 f"the checkpoint configuration endpoint on {host!r} (not loopback) needs a "
                 "token: set config_token"
             )
+        if isinstance(max_connections, bool) or not 1 <= max_connections <= 4096:
+            raise ConfigError(f"max_connections={max_connections!r}: between 1 and 4096")
+        if not 0 < head_timeout_s <= 300:
+            raise ConfigError(f"head_timeout_s={head_timeout_s!r}: more than 0, at most 300")
         self.host = host
         self._token = token
+        self.max_connections = max_connections
+        self.head_timeout_s = float(head_timeout_s)
         self._jobs: dict[str, CheckpointCoordinator] = {}
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
+        self._runner: web.ServerRunner | None = None
+        self._server: _GuardedServer | None = None
+        self._reaper: asyncio.Task[None] | None = None
         started = threading.Event()
         failure: list[BaseException] = []
 
@@ -136,13 +273,26 @@ class CheckpointConfigServer:
             raise ConfigError(f"the configuration endpoint on {host}:{port} did not start in 30s")
 
     async def _start(self, host: str, port: int) -> None:
-        app = web.Application(
-            middlewares=[self._auth, self._json_errors], client_max_size=_MAX_BODY
+        loop = asyncio.get_running_loop()
+
+        def request(*args: Any) -> web.BaseRequest:
+            message, payload, protocol, writer, task = args
+            return web.BaseRequest(
+                message, payload, protocol, writer, task, loop, client_max_size=_MAX_BODY
+            )
+
+        self._server = _GuardedServer(
+            self._handle,
+            max_connections=self.max_connections,
+            head_timeout_s=self.head_timeout_s,
+            request_factory=request,
+            keepalive_timeout=self.head_timeout_s,
+            max_headers=_MAX_HEADERS,
+            max_field_size=_MAX_FIELD,
+            max_line_size=_MAX_FIELD,
+            access_log=None,
         )
-        for path in _PATHS:
-            app.router.add_get(path, self._get)
-            app.router.add_patch(path, self._patch)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.ServerRunner(self._server, handle_signals=False)
         await self._runner.setup()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -154,6 +304,20 @@ class CheckpointConfigServer:
         except BaseException:
             sock.close()
             raise
+        self._reaper = asyncio.create_task(self._reap_forever())
+
+    async def _reap_forever(self) -> None:
+        server = self._server
+        assert server is not None
+        while True:
+            await asyncio.sleep(min(1.0, self.head_timeout_s / 4))
+            server.reap()
+
+    @property
+    def connections(self) -> int:
+        """Connections held now (for tests and metrics; approximate off the loop thread)."""
+        server = self._server
+        return 0 if server is None else len(server.live)
 
     def register(self, coordinator: CheckpointCoordinator) -> None:
         with self._lock:
@@ -167,57 +331,84 @@ class CheckpointConfigServer:
         """Stop serving (idempotent)."""
         if self._loop.is_closed():
             return
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            future = asyncio.run_coroutine_threadsafe(runner.cleanup(), self._loop)
-            try:
-                future.result(10)
-            except Exception as exc:
-                log.debug("closing the configuration endpoint: %s", exc)
+
+        async def stop() -> None:
+            if self._reaper is not None:
+                self._reaper.cancel()
+            if self._runner is not None:
+                runner, self._runner = self._runner, None
+                await runner.cleanup()
+
+        future = asyncio.run_coroutine_threadsafe(stop(), self._loop)
+        try:
+            future.result(10)
+        except Exception as exc:
+            log.debug("closing the configuration endpoint: %s", exc)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         if not self._thread.is_alive():
             self._loop.close()
 
-    # ------------------------------------------------------------- middleware
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    # --------------------------------------------------------------- requests
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Every request: bookkeeping for the head timeout, then :meth:`_answer`; JSON always."""
+        server = self._server
+        handler = request.protocol
+        if server is not None:
+            server.request_began(handler)
+        try:
+            return await self._answer(request)
+        except web.HTTPException as exc:  # aiohttp's own (413 from the body reader...)
+            return _error(exc.status, f"{exc.reason}: {request.method} {request.path}")
+        except Exception as exc:  # a bug: still a JSON answer
+            log.exception("configuration endpoint: %s %s failed", request.method, request.path)
+            return _error(500, f"internal error: {type(exc).__name__}")
+        finally:
+            if server is not None:
+                server.request_ended(handler)
+
+    async def _answer(self, request: web.BaseRequest) -> web.Response:
         if self._token:
             given = request.headers.get("Authorization", "")
             want = f"Bearer {self._token}"
             if not hmac.compare_digest(given.encode(), want.encode()):
                 return _error(401, "missing or wrong token (Authorization: Bearer <token>)")
-        return await handler(request)  # type: ignore[no-any-return]
+        m = _PATH.match(request.path)
+        if m is None:
+            return _error(404, f"Not Found: {request.method} {request.path}")
+        job_id = m.group(1)
+        if request.method in ("GET", "HEAD"):
+            return self._get(job_id)
+        if request.method == "PATCH":
+            return await self._patch(request, job_id)
+        return _error(
+            405,
+            f"Method Not Allowed: {request.method} {request.path}",
+            headers={"Allow": "GET, HEAD, PATCH"},
+        )
 
-    @web.middleware
-    async def _json_errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """aiohttp's own errors (404, 405, 413...) as JSON objects too."""
-        try:
-            return await handler(request)  # type: ignore[no-any-return]
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            return _error(exc.status, f"{exc.reason}: {request.method} {request.path}")
-
-    # --------------------------------------------------------------- handlers
-    def _coordinator(self, request: web.Request) -> CheckpointCoordinator | None:
+    def _coordinator(self, job_id: str) -> CheckpointCoordinator | None:
         with self._lock:
-            return self._jobs.get(request.match_info["job_id"])
+            return self._jobs.get(job_id)
 
-    async def _get(self, request: web.Request) -> web.Response:
-        coord = self._coordinator(request)
+    def _get(self, job_id: str) -> web.Response:
+        coord = self._coordinator(job_id)
         if coord is None:
-            return _error(404, f"unknown job {request.match_info['job_id']!r}")
+            return _error(404, f"unknown job {job_id!r}")
         return web.json_response(coord.effective_config())
 
-    async def _patch(self, request: web.Request) -> web.Response:
-        job_id = request.match_info["job_id"]
-        coord = self._coordinator(request)
+    async def _patch(self, request: web.BaseRequest, job_id: str) -> web.Response:
+        coord = self._coordinator(job_id)
         if coord is None:
             return _error(404, f"unknown job {job_id!r}")
         try:
-            body = json.loads(await request.read() or b"{}")
-        except ValueError:
+            async with asyncio.timeout(self.head_timeout_s):
+                raw = await request.read()
+        except TimeoutError:
+            return _error(408, f"the body did not arrive within {self.head_timeout_s:g}s")
+        try:
+            body = json.loads(raw or b"{}")
+        except (ValueError, RecursionError):
             return _error(400, "the body is not JSON")
         if not isinstance(body, dict):
             return _error(400, "the body must be a JSON object")
@@ -225,6 +416,8 @@ class CheckpointConfigServer:
         if unknown:
             return _error(400, f"unknown fields {unknown}; the fields are {sorted(_FIELDS)}")
         try:
+            for name, value in body.items():
+                check_override(name, value)  # null and out-of-range values included
             effective = coord.update_config(**{_FIELDS[k]: v for k, v in body.items()})
         except ConfigError as exc:
             return _error(400, exc.message)

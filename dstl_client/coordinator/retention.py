@@ -28,7 +28,7 @@ from typing import Protocol
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.cleanup import JobReferences, NoRecordsRead
 from dstl_client.coordinator.config import SUPERSEDED, CoordinatorConfig
-from dstl_client.coordinator.metadata import MetadataStore
+from dstl_client.coordinator.metadata import CorruptMetadata, MetadataStore
 from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.coordinator.registry import SharedStateRegistry
 from dstl_client.coordinator.storage import CheckpointMissing, CheckpointStorage
@@ -66,8 +66,9 @@ def records_references(
 ) -> tuple[set[str], dict[str, int]]:
     """Every object the ``records`` refer to, and how many records each job has there.
 
-    A record that cannot be read raises :class:`UnreadableRecords` (never
-    skipped: what it references would count as unreferenced); one deleted
+    A record that cannot be read raises :class:`UnreadableRecords`, one that
+    does not decode :class:`~.metadata.CorruptMetadata` (never skipped: what
+    it references would count as unreferenced); one deleted
     between the listing and the read (by its running driver) is skipped.
     """
     keys: set[str] = set()
@@ -81,6 +82,8 @@ def records_references(
             record = records.load(b)
         except CheckpointMissing:  # dropped meanwhile by its operator
             continue
+        except CorruptMetadata:  # names the record already
+            raise
         except (DstlError, OSError, ValueError) as exc:
             raise UnreadableRecords(f"{records.describe(b)}: {exc}") from None
         keys |= record.object_keys()
@@ -220,7 +223,7 @@ class RetainedCheckpoints:
         """
         try:
             refs = self.job_references()
-        except UnreadableRecords as exc:
+        except (UnreadableRecords, CorruptMetadata) as exc:
             log.warning("no orphan cleanup of job %s: %s", self.config.job_id, exc)
             return 0
         referenced = refs.keys
@@ -284,7 +287,7 @@ class RetainedCheckpoints:
             return 0
         try:
             others = other_operators_records(self.config, self.storage.store)
-        except UnreadableRecords as exc:
+        except (UnreadableRecords, CorruptMetadata) as exc:
             log.warning("discards postponed: %s", exc)
             self._undiscarded.update(todo)
             return 0
@@ -293,7 +296,7 @@ class RetainedCheckpoints:
             try:
                 for records in others:
                     shared |= records_object_keys(records)
-            except UnreadableRecords as exc:
+            except (UnreadableRecords, CorruptMetadata) as exc:
                 log.warning("discards postponed: %s", exc)
                 self._undiscarded.update(todo)
                 return 0

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.local import checkpoint_rows
 from dstl_client.coordinator.storage import CheckpointStorage
@@ -166,3 +168,72 @@ def test_a_refused_restore_changes_nothing(
     job.run(client, range(4, 5), materialize_at=())
     assert records(job).batch_ids() == [2, 3, 4]
     assert decode_rows(checkpoint_rows(records(job).load(4), client)) == reference(BATCHES[:5])
+
+
+# ---------------------------------------------------------- corrupt metadata
+
+
+def test_corrupt_records_and_overrides_are_one_line_errors_naming_the_file(
+    tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
+) -> None:
+    from dstl_client.coordinator.metadata import CorruptMetadata
+
+    job = Job(tmp_path, sidecar.address, "corrupt-meta")
+    job.run(client, range(3))
+    name = job.checkpoint_dir / "dstl" / "checkpoints" / "ck-000000000002.json"
+    good = json.loads(name.read_text())
+    keep = stored(sidecar, job.job_id)
+
+    def with_(**changes: object) -> bytes:
+        doc = dict(good)
+        for k, v in changes.items():
+            if v is KeyError:
+                del doc[k]
+            else:
+                doc[k] = v
+        text = json.dumps(doc)
+        return text.replace('"@HUGE@"', "1" + "0" * 400).encode()
+
+    cases = {
+        "not JSON": b"{not json",
+        "subtasks: missing": with_(subtasks=KeyError),
+        "batch_id": with_(batch_id="x"),
+        "created_unix": with_(created_unix="@HUGE@"),
+        "max_parallelism": with_(max_parallelism="@HUGE@"),
+        "segments[0]": with_(segments=[[2, 0, 31, "!!not base64!!"]]),
+        "kg_map[0]": with_(kg_map=[[0, 1]]),
+        "the record": b"[1, 2]",
+        "holds the record of batch 1": with_(batch_id=1),
+    }
+    for what, data in cases.items():
+        name.write_bytes(data)
+        for argv in (("checkpoints", "list"), ("checkpoints", "show", "2"), ("gc",)):
+            r = dstl(*argv, *job.where())
+            assert r.code == 2, (what, argv, r)
+            line = one_line(r.err)
+            assert str(name) in line and what in line, (what, argv, line)
+        with pytest.raises(CorruptMetadata, match=what.replace("[", r"\[").replace("]", r"\]")):
+            records(job).load(2)
+    assert keep <= stored(sidecar, job.job_id)  # the gc refused: nothing went
+    name.write_text(json.dumps(good))
+
+    overrides = job.checkpoint_dir / "dstl" / "config-overrides.json"
+    for text, what in (
+        ("{nope", "not JSON"),
+        ("[1]", "not a JSON object"),
+        ('{"checkpointTimeout": "abc"}', "checkpointTimeout"),
+        ('{"checkpointTimeout": 1e400}', "checkpointTimeout"),
+        ('{"checkpointTimeout": 1' + "0" * 400 + "}", "at most"),
+        ('{"materializationInterval": null}', "materializationInterval"),
+    ):
+        overrides.write_text(text)
+        with pytest.raises(CorruptMetadata, match=what) as info:
+            job.coordinator(client=client)
+        assert str(overrides) in info.value.message
+    overrides.unlink()
+    marker = job.checkpoint_dir / "dstl" / "restore.json"
+    marker.write_text('{"batch_id": "3", "done": false}')
+    with pytest.raises(CorruptMetadata, match="batch_id"):
+        job.coordinator(client=client)
+    marker.unlink()
+    job.run(client, range(3, 4))  # all well again
