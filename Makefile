@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: all venv java-check demo demo-core test test-fast lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster bench-bounded bench-api bench-recovery clean
+.PHONY: all venv java-check demo demo-core test test-fast lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster bench-chaos bench-bounded bench-api bench-recovery clean
 
 all: test
 
@@ -95,6 +95,11 @@ bench-tree: $(BENCH_STAMP)
 # Spark standalone clusters of 2 and 3 nodes (one sidecar each) with random node kills
 bench-cluster: $(BENCH_STAMP)
 	$(PY) -m loadtest.cluster_bench $(BENCH_ARGS)
+
+# A keyed job with timers on a 2-node cluster under a seeded random fault schedule (kills of
+# sidecars, executors, nodes and the driver, a rescale, S3 503s/resets/stalls); 30 min
+bench-chaos: $(BENCH_STAMP)
+	$(PY) -m loadtest.chaos_bench $(BENCH_ARGS)
 
 bench-bounded: $(BENCH_STAMP)
 	$(PY) -m loadtest.bounded_bench $(BENCH_ARGS)

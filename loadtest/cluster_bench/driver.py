@@ -84,8 +84,11 @@ class Driver:
         phases_file: Path | None = None,
         timeout_s: float = 400.0,
         crash: str = "",
+        module: str = "loadtest.cluster_bench.job",
     ) -> None:
-        cmd = [sys.executable, "-m", "loadtest.cluster_bench.job"]
+        # ``module``: the job's driver script; it takes the arguments below (the chaos
+        # bench runs its own keyed job with the same command line)
+        cmd = [sys.executable, "-m", module]
         args: dict[str, object] = {
             "master": cluster.master_url,
             "address": address,

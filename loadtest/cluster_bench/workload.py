@@ -14,9 +14,11 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any, TypeVar
 
 Output = tuple[int, str, int, int]
 """One output row: ``(batch, key, count, total)``."""
+Row = TypeVar("Row", bound=tuple[Any, ...])
 
 
 def batch_rows(b: int, rows: int, keys: int) -> list[tuple[str, int]]:
@@ -84,7 +86,7 @@ def read_outputs(out_dir: Path) -> Counter[Output]:
     return got
 
 
-def compare(want: Counter[Output], got: Counter[Output], show: int = 5) -> tuple[int, int, str]:
+def compare(want: Counter[Row], got: Counter[Row], show: int = 5) -> tuple[int, int, str]:
     """``(missing, unexpected, sample)``: rows short of / beyond the expectation."""
     missing = want - got
     extra = got - want
