@@ -98,12 +98,22 @@ TREE: dict[str, Any] = {
     "executorPodTemplate": {"enabled": False},
     "metrics": {"serviceMonitor": {"enabled": True}},
 }
+#: a node secret being rotated (docs/deploy.md, "Rotating the node secret")
+ROTATION: dict[str, Any] = {
+    **TLS_TCP_ONLY,
+    "auth": {
+        "existingSecret": "dstl-node-secret",
+        "previousSecretKey": "previous",
+        "previousSecretUntil": "2030-01-31T12:00:00Z",
+    },
+}
 CONFIGS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "s3-tcp-auth": S3_TCP_AUTH,
     "sidecar": SIDECAR,
     "tls-tcp-only": TLS_TCP_ONLY,
     "tree": TREE,
+    "rotation": ROTATION,
 }
 
 
@@ -466,6 +476,8 @@ def test_config_map_holds_real_settings_the_server_accepts(chart: helm.Chart, co
             if var["name"].startswith("DSTL_"):
                 assert var["name"] in SETTING_ENV, var["name"]
     secrets = {"DSTL_AUTH_SECRET": NODE_SECRET} if "auth" in CONFIGS[config] else {}
+    if CONFIGS[config].get("auth", {}).get("previousSecretKey"):
+        secrets["DSTL_AUTH_PREVIOUS_SECRET"] = NODE_SECRET[::-1]
     settings = settings_from(cm, **secrets)  # raises ConfigError when dstl-server would
     assert settings.storage == CONFIGS[config].get("storage", {}).get(
         "url", "file:///var/lib/dstl/objects"
@@ -742,8 +754,12 @@ def test_every_server_setting_reaches_dstl_server(chart: helm.Chart) -> None:
         for doc in docs:
             for c in _containers(doc):
                 reached |= {v["name"] for v in c.get("env", []) if v["name"] in SETTING_ENV}
-    # the node secret arrives as DSTL_AUTH_SECRET from a Secret, never as a file path
-    assert sorted(set(SETTING_ENV) - reached) == ["DSTL_AUTH_SECRET_FILE"]
+    # the node secrets arrive as DSTL_AUTH_SECRET (and DSTL_AUTH_PREVIOUS_SECRET) from a
+    # Secret, never as a file path
+    assert sorted(set(SETTING_ENV) - reached) == [
+        "DSTL_AUTH_PREVIOUS_SECRET_FILE",
+        "DSTL_AUTH_SECRET_FILE",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -136,6 +136,17 @@ includes it, so a bad combination fails rendering with one clear message.
 {{- fail (printf "dstl: auth.secret is too weak (%d characters, %d distinct): dstl-server needs at least 32 characters, 12 of them distinct; e.g. openssl rand -hex 32" (len $chars) (len (uniq $chars))) }}
 {{- end }}
 {{- end }}
+{{- if or $auth.previousSecretKey $auth.previousSecretUntil }}
+{{- if not (and $auth.previousSecretKey $auth.previousSecretUntil) }}
+{{- fail "dstl: auth.previousSecretKey and auth.previousSecretUntil go together (the previous node secret, and when its tokens stop working)" }}
+{{- end }}
+{{- if not $auth.existingSecret }}
+{{- fail "dstl: auth.previousSecretKey names a key of auth.existingSecret: set auth.existingSecret" }}
+{{- end }}
+{{- if eq $auth.previousSecretKey $auth.secretKey }}
+{{- fail (printf "dstl: auth.previousSecretKey %s is auth.secretKey: the previous secret is another key of the Secret" $auth.secretKey) }}
+{{- end }}
+{{- end }}
 {{- $nodeSecret := include "dstl.authSecretName" . }}
 {{- if and $nodeSecret (eq $auth.jobTokenSecret.name $nodeSecret) }}
 {{- fail (printf "dstl: auth.jobTokenSecret.name %s is the node secret's Secret: executors get a job's own token (dstl-server --print-token JOB_ID), never the node secret" $nodeSecret) }}
@@ -254,6 +265,9 @@ DSTL_S3_VERIFY_TLS: {{ .Values.s3.verifyTls | quote }}
 {{- if .Values.s3.caBundle.configMap }}
 DSTL_S3_CA_BUNDLE: {{ printf "/etc/dstl/s3-ca/%s" .Values.s3.caBundle.key | quote }}
 {{- end }}
+{{- with .Values.auth.previousSecretUntil }}
+DSTL_AUTH_PREVIOUS_SECRET_UNTIL: {{ . | quote }}
+{{- end }}
 {{- if .Values.tls.existingSecret }}
 DSTL_TLS_CERT: "/etc/dstl/tls/tls.crt"
 DSTL_TLS_KEY: "/etc/dstl/tls/tls.key"
@@ -330,6 +344,13 @@ env:
       secretKeyRef:
         name: {{ $authSecret }}
         key: {{ $v.auth.secretKey }}
+  {{- with $v.auth.previousSecretKey }}
+  - name: DSTL_AUTH_PREVIOUS_SECRET
+    valueFrom:
+      secretKeyRef:
+        name: {{ $authSecret }}
+        key: {{ . }}
+  {{- end }}
   {{- end }}
   {{- with $v.extraEnv }}
   {{- toYaml . | nindent 2 }}
