@@ -222,7 +222,7 @@ def restore_on_start(
             store.describe(config.restore_marker_name),
         )
         return None
-    return restore_checkpoint(config, store, want, spark_dir=spark_dir)
+    return restore_checkpoint(config, store, want, spark_dir=spark_dir, check_parallelism=True)
 
 
 def restore_checkpoint(
@@ -232,13 +232,17 @@ def restore_checkpoint(
     *,
     spark_dir: str | None,
     now: float | None = None,
+    check_parallelism: bool = False,
 ) -> RestoreResult:
     """Roll the operator back to its retained checkpoint ``batch_id`` (see the module docs).
 
     ``spark_dir``: the operator's Spark ``checkpointLocation`` (``None``: leave
     Spark's progress alone, e.g. a job run without Spark). Raises
     :class:`CheckpointMissing` (not retained), :class:`ConfigError` (a Spark
-    checkpoint that cannot be rolled back).
+    checkpoint that cannot be rolled back; a record of another job or
+    operator; with ``check_parallelism``, as a starting driver restores, a
+    record taken with another ``max_parallelism`` than the config's), each
+    before anything is written.
     """
     records = CheckpointStorage(store, config.records_prefix)
     aside = CheckpointStorage(store, config.superseded_prefix)
@@ -256,6 +260,17 @@ def restore_checkpoint(
             )
         )
     record = records.load(batch_id)
+    where = records.describe(batch_id)
+    if record.job_id != config.job_id or record.operator_id != config.operator_id:
+        raise ConfigError(
+            f"{where} belongs to job {record.job_id!r} operator {record.operator_id!r}, not "
+            f"{config.job_id!r} {config.operator_id!r}: nothing restored"
+        )
+    if check_parallelism and record.max_parallelism != config.max_parallelism:
+        raise ConfigError(
+            f"max_parallelism={config.max_parallelism} but {where} was taken with "
+            f"{record.max_parallelism} (it is fixed when a job is created): nothing restored"
+        )
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
     # every check before the first write: a refused restore leaves no trace
     spark_plan = (

@@ -17,8 +17,10 @@ when it is a terminal.
 
 Errors: one line on stderr, ``dstl: error: ...``; exit code 2 for usage and
 configuration errors (a bad flag, a missing ``--yes``, an unknown batch or
-operator), 1 for operational failures (the sidecar, the store, a corrupt
-object). Expected errors (:class:`~dstl_client.core.errors.DstlError`)
+operator, a metadata location without a record of the job, a corrupt
+checkpoint record or overrides file, named), 1 for operational failures (the
+sidecar, the store, a corrupt object). ``dstl gc`` deletes nothing unless it
+has read at least one checkpoint record of the job at the metadata location. Expected errors (:class:`~dstl_client.core.errors.DstlError`)
 never print a traceback.
 """
 
@@ -355,6 +357,8 @@ def cmd_objects_inspect(ctx: JobContext, out: TextIO) -> int:
         records = [(f"{x.operator_id}@{x.record.batch_id}", x.record) for x in ctx.records()]
     except CheckpointMissing:
         records = []
+    # no record read: "referenced by nothing" would be a guess, not a finding
+    unknown = "(unknown: no checkpoint record of the job read at " + ctx.location + ")"
     if args.storage:
         path = object_path(args.storage, job_id, args.key)
         try:
@@ -399,7 +403,7 @@ def cmd_objects_inspect(ctx: JobContext, out: TextIO) -> int:
     out.write("\n")
     render.table(
         ("LOG", "OFFSET", "LENGTH", "SQNS", "KEY GROUPS", "CHANGES", "BYTES", "REFERENCED BY"),
-        [_section_row(s) for s in sections],
+        [_section_row(s, "" if records else unknown) for s in sections],
         out,
     )
     return 0
@@ -421,7 +425,7 @@ def _kg_text(kgs: Sequence[int]) -> str:
     return text if len(text) <= 24 else f"{len(kgs)} groups"
 
 
-def _section_row(s: SectionInfo) -> tuple[Any, ...]:
+def _section_row(s: SectionInfo, unknown: str = "") -> tuple[Any, ...]:
     return (
         s.log_id[:12],
         s.offset,
@@ -430,7 +434,7 @@ def _section_row(s: SectionInfo) -> tuple[Any, ...]:
         _kg_text(sorted(s.key_groups)),
         sum(c[1] for c in s.key_groups.values()),
         sum(c[2] for c in s.key_groups.values()),
-        "; ".join(s.referenced_by) or "(none: unreferenced)",
+        "; ".join(s.referenced_by) or unknown or "(none: unreferenced)",
     )
 
 

@@ -237,3 +237,39 @@ def test_corrupt_records_and_overrides_are_one_line_errors_naming_the_file(
         job.coordinator(client=client)
     marker.unlink()
     job.run(client, range(3, 4))  # all well again
+
+
+def test_a_start_refuses_restore_from_before_changing_anything_and_finishes_with_its_spark(
+    tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
+) -> None:
+    """restore_from with another max_parallelism is refused before the roll back (it was
+    refused only after records and Spark's progress had moved); a begun restore is
+    finished with the Spark checkpoint it was begun with (--no-spark: left alone)."""
+    import dataclasses
+
+    from dstl_client.coordinator.coordinator import CheckpointCoordinator
+    from dstl_client.core.errors import ConfigError
+
+    job = Job(tmp_path, sidecar.address, "refuse-start")
+    job.run(client, range(5))
+    base = job.coordinator(client=client)
+    base.close()
+    cfg = dataclasses.replace(
+        base.config, max_parallelism=base.config.max_parallelism * 2, restore_from=3
+    )
+    with pytest.raises(ConfigError, match="max_parallelism"):
+        CheckpointCoordinator(cfg, client=client).start()
+    marker = job.checkpoint_dir / "dstl" / "restore.json"
+    assert not marker.exists() and records(job).batch_ids() == [2, 3, 4]
+    # a restore begun with --no-spark and interrupted: Spark's checkpoint (not this job's
+    # progress: a roll back would be refused) is left alone when a start finishes it
+    spark = job.checkpoint_dir / "spark" / "offsets"
+    spark.mkdir(parents=True)
+    for b in range(5):
+        (spark / str(b)).write_text(f'v1\n{{"other": {b}}}')
+    marker.write_text(json.dumps({"batch_id": 3, "done": False, "spark_dir": None}))
+    coord = job.coordinator(client=client)
+    coord.close()
+    assert coord.restored is not None and coord.restored.superseded == (4,)
+    assert json.loads(marker.read_text())["done"] is True
+    assert sorted(p.name for p in spark.iterdir()) == ["0", "1", "2", "3", "4"]
