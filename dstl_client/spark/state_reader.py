@@ -130,6 +130,7 @@ from dstl_client.coordinator.metadata import (
 from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.coordinator.storage import CheckpointMissing, CheckpointStorage
 from dstl_client.core.errors import ConfigError, InvalidArgument
+from dstl_client.extras import require_spark
 from dstl_client.keygroups import KeyGroupRange
 from dstl_client.state.changes import MAP_TAG, decode_state_key, iter_elements
 from dstl_client.state.clients import ADDRESS_ENV, STATE_DIR_ENV, TOKEN_ENV, shared_client
@@ -708,6 +709,7 @@ def read_state(
     when an action runs, by ``partitions`` Spark tasks (default: the
     checkpoint's parallelism), each restoring a slice of the key groups.
     """
+    require_spark("read_state")
     from pyspark import cloudpickle
 
     specs = _specs(serializers)
