@@ -33,11 +33,12 @@ import grpc
 
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import CorruptObject, InvalidArgument, PermissionDenied
-from dstl_client.core.format import EncodedSection, parse_log_header
+from dstl_client.core.format import EncodedSection, verify_log_section
 from dstl_client.core.handle import HandleEntry
 from dstl_client.core.keys import check_key_of_job
 from dstl_server.auth import Authenticator
 from dstl_server.metrics import ServerMetrics
+from dstl_server.request_bounds import MAX_FORWARD_SECTIONS
 from dstl_server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,8 @@ class ParentForwarder:
         if self._clock() < self._retry_at:
             self.metrics.forward_fallbacks.labels("backoff").inc()
             return None
+        if len(sections) > MAX_FORWARD_SECTIONS:  # more than a parent accepts in one call
+            return None
         request = pb.ForwardRequest(
             job_id=job_id, sections=[b"".join(s.chunks) for s in sections], sender=self.sender
         )
@@ -186,7 +189,7 @@ class ParentForwarder:
 class ForwardedSection:
     """A log section a child node forwarded, already encoded; it joins this node's next object.
 
-    Invariants: ``section`` passed :func:`parse_log_header` (its log id and
+    Invariants: ``section`` passed :func:`verify_log_section` (its log id and
     SQN range are the header's); ``future`` is completed exactly once by the
     scheduler, like an :class:`UploadTask`'s. Event-loop only.
     """
@@ -212,9 +215,10 @@ class ForwardedSection:
 
 
 def decode_forwarded(data: bytes) -> EncodedSection:
-    """A forwarded section as sent, checked (header CRC, index covering it)."""
+    """A forwarded section as sent, checked: the header's and every block's checksum, the
+    index covering the section (a section that does not verify never joins an object)."""
     try:
-        hdr = parse_log_header(data, len(data))
+        hdr = verify_log_section(data)
     except CorruptObject as exc:
         raise InvalidArgument(
             f"forwarded section is not a valid log section: {exc.message}"

@@ -109,6 +109,9 @@ class LogRegistry:
 
     # ---------------------------------------------------------------- lookup
     def get(self, log_id: str) -> WriterLog:
+        """The writer ``log_id`` names, for a look at it (authorising a call): its idle
+        timer is left alone, so a call refused before it reaches the writer (another job's
+        token) never keeps it alive. The writer calls below refresh it."""
         wl = self._logs.get(log_id)
         if wl is None:
             raise LogNotFound(
@@ -116,11 +119,16 @@ class LogRegistry:
                 f"{self.settings.writer_idle_timeout_s:g}s without a call, or the sidecar "
                 "restarted (unpersisted changes are gone; recover from the last checkpoint)"
             )
+        return wl
+
+    def _called(self, log_id: str) -> WriterLog:
+        """The writer of a call that reached the registry: its idle timer restarts."""
+        wl = self.get(log_id)
         wl.last_call = time.monotonic()
         return wl
 
     def _open(self, log_id: str) -> WriterLog:
-        wl = self.get(log_id)
+        wl = self._called(log_id)
         wl.check_open()
         return wl
 
@@ -175,7 +183,7 @@ class LogRegistry:
         self, log_id: str, parts: Sequence[ChangePart], *, session: int = 0, seq: int = 0
     ) -> int:
         """Append a call's parts (all or nothing) in its turn; return their SQN."""
-        wl = self.get(log_id)
+        wl = self._called(log_id)
         if not seq:  # unordered (a Session stream's order is its own): no turn to take
             if not parts:
                 raise InvalidArgument("empty append batch")
@@ -187,7 +195,7 @@ class LogRegistry:
                 return await self._append(log_id, parts)
 
     async def last_appended_sqn(self, log_id: str, *, session: int = 0, seq: int = 0) -> int:
-        wl = self.get(log_id)
+        wl = self._called(log_id)
         if not seq:
             return self._open(log_id).rollover()
         async with self.order.turn(wl, session, seq):
@@ -226,7 +234,7 @@ class LogRegistry:
         The Session stream runs this in stream order and awaits the handle in
         a task of its own, so the stream's later requests go on meanwhile.
         """
-        wl = self.get(log_id)
+        wl = self._called(log_id)
         if not seq:
             if parts:
                 await self._append(log_id, parts)
@@ -238,7 +246,7 @@ class LogRegistry:
             return self._begin_persist(log_id, after)
 
     async def truncate(self, log_id: str, before: int, *, session: int = 0, seq: int = 0) -> None:
-        wl = self.get(log_id)
+        wl = self._called(log_id)
         if not seq:
             self.budget.release(self._open(log_id).truncate(before))
             return
@@ -356,7 +364,7 @@ class LogRegistry:
 
     # ---------------------------------------------------------------- unordered
     def close_writer(self, log_id: str) -> None:
-        wl = self.get(log_id)
+        wl = self._called(log_id)
         del self._logs[log_id]
         n = self._writers_per_job.get(wl.job_id, 1) - 1
         if n:

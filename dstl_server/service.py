@@ -35,12 +35,17 @@ from dstl_server.auth import Authenticator, Principal, check_job, check_node
 from dstl_server.log import WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.registry import LogRegistry
+from dstl_server.request_bounds import (
+    MAX_DISCARD_KEYS,
+    MAX_READ_KEY_GROUPS,
+    check_request,
+    method_limits,
+)
 from dstl_server.storage.base import BlobStore, validate_key
 
 log = logging.getLogger(__name__)
 
 ERROR_KIND_KEY = "dstl-error-kind"
-_MAX_DISCARD = 10_000
 _MAX_LIST_PAGE = 1000  # keys a ListObjects call examines at most (page_size 0 or more)
 _LIST_ENTRY_OVERHEAD = 8  # tag and length of one repeated ObjectInfo
 
@@ -78,14 +83,16 @@ async def _abort(ctx: grpc.aio.ServicerContext, exc: BaseException, metrics: Ser
 
 @dataclass(frozen=True, slots=True)
 class _Malformed:
-    """What the safe deserializer hands a handler for bytes that do not decode."""
+    """What the safe deserializer hands a handler for bytes it refused: ones that do not
+    decode (:class:`InvalidArgument`) or that are out of the method's bounds
+    (:mod:`dstl_server.request_bounds`)."""
 
-    reason: str
+    error: DstlError
 
 
 def _check_decoded(request: object) -> None:
     if isinstance(request, _Malformed):
-        raise InvalidArgument(request.reason)
+        raise request.error
 
 
 def _unary(
@@ -362,11 +369,15 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         try:
             _check_decoded(request)
             principal = self._principal(context)
-            handle = ChangelogHandle.from_proto(request.handle)
+            if principal is not None:  # the caller's job before any entry is built
+                check_job(principal, request.handle.job_id)
+            handle = ChangelogHandle.from_proto(request.handle)  # entries bounded on the wire
             check_job_id(handle.job_id)
             check_job(principal, handle.job_id)
             for key in handle.object_keys:
                 check_key_of_job(handle.job_id, key)
+            if len(request.key_groups) > MAX_READ_KEY_GROUPS:
+                raise InvalidArgument(f"at most {MAX_READ_KEY_GROUPS} key groups per call")
             key_groups = list(request.key_groups) or None
             piece_limit = self._max_response_bytes
             if request.max_message_bytes:  # the caller's receive limit
@@ -394,9 +405,9 @@ class ChangelogService(pb_grpc.ChangelogServicer):
     ) -> pb.DiscardObjectsResponse:
         check_job_id(request.job_id)
         check_job(self._principal(context), request.job_id)
+        if len(request.object_keys) > MAX_DISCARD_KEYS:  # counted before the list is built
+            raise InvalidArgument(f"at most {MAX_DISCARD_KEYS} keys per call")
         keys = list(request.object_keys)
-        if len(keys) > _MAX_DISCARD:
-            raise InvalidArgument(f"at most {_MAX_DISCARD} keys per call")
         for key in keys:
             check_key_of_job(request.job_id, key)
         deleted = await self.store.delete(keys) if keys else 0
@@ -481,25 +492,41 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         return pb.ForwardResponse(object_key=entries[0].object_key, placements=places)
 
 
-def _safe_deserializer(cls: Any) -> Callable[[bytes], Any]:
-    """Parse a request; bytes that do not decode become a :class:`_Malformed` marker.
+def _safe_deserializer(cls: Any, method: str, limit: int) -> Callable[[bytes], Any]:
+    """Parse a request within its method's bounds; refused bytes become a :class:`_Malformed`.
 
-    gRPC answers a deserializer exception with UNKNOWN; the handler turns the
-    marker into INVALID_ARGUMENT with the reason instead.
+    The bounds (``limit`` bytes, the method's list lengths) are checked on the
+    wire bytes before anything is decoded (:func:`check_request`). gRPC
+    answers a deserializer exception with UNKNOWN; the handler turns the
+    marker into the error's own status instead.
     """
 
     def parse(data: bytes) -> Any:
         try:
+            check_request(method, data, limit)
+        except DstlError as exc:
+            return _Malformed(exc)
+        try:
             return cls.FromString(data)
         except DecodeError as exc:
-            return _Malformed(f"request bytes do not decode as {cls.__name__}: {exc}")
+            return _Malformed(
+                InvalidArgument(f"request bytes do not decode as {cls.__name__}: {exc}")
+            )
 
     return parse
 
 
 def register(server: grpc.aio.Server, service: ChangelogService) -> None:
-    """Add the Changelog service to ``server`` with request-decoding errors typed."""
+    """Add the Changelog service to ``server``, each method's requests bounded before decoding
+    (:mod:`dstl_server.request_bounds`) and their decoding errors typed."""
     desc = pb.DESCRIPTOR.services_by_name["Changelog"]
+    settings = service.registry.settings
+    limits = method_limits(
+        [m.name for m in desc.methods],
+        max_request=settings.max_request_bytes,
+        max_read=settings.max_read_request_bytes,
+        max_control=settings.max_control_request_bytes,
+    )
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in desc.methods:
         req_cls = getattr(pb, method.input_type.name)
@@ -511,7 +538,7 @@ def register(server: grpc.aio.Server, service: ChangelogService) -> None:
         }[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = make(
             getattr(service, method.name),
-            request_deserializer=_safe_deserializer(req_cls),
+            request_deserializer=_safe_deserializer(req_cls, method.name, limits[method.name]),
             response_serializer=resp_cls.SerializeToString,
         )
     server.add_generic_rpc_handlers(

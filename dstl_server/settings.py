@@ -110,7 +110,23 @@ class ServerSettings:
     )
     max_change_bytes: int = _setting(4 * MiB, "Largest single change accepted.", unit="bytes")
     max_request_bytes: int = _setting(
-        64 * MiB, "Largest gRPC message accepted (one append batch).", unit="bytes"
+        64 * MiB,
+        "Largest gRPC message accepted (one append batch); every method's own limit is capped "
+        "at it.",
+        unit="bytes",
+    )
+    max_read_request_bytes: int = _setting(
+        24 * MiB,
+        "Largest ReadChanges request (a handle: any valid one, 100,000 entries at most, fits); "
+        "refused before decoding (RESOURCE_EXHAUSTED).",
+        unit="bytes",
+    )
+    max_control_request_bytes: int = _setting(
+        2 * MiB,
+        "Largest request of a call that carries neither changes nor a handle (CreateWriter, "
+        "LastAppendedSqn, Truncate, CloseWriter, ListObjects, DiscardObjects of up to 10,000 "
+        "keys); refused before decoding.",
+        unit="bytes",
     )
     max_concurrent_uploads: int = _setting(4, "Objects uploaded at the same time.")
     read_cache_bytes: int = _setting(
@@ -318,6 +334,8 @@ class ServerSettings:
             "max_in_flight_bytes",
             "max_change_bytes",
             "max_request_bytes",
+            "max_read_request_bytes",
+            "max_control_request_bytes",
             "max_concurrent_uploads",
             "upload_max_attempts",
             "max_writers",

@@ -25,6 +25,7 @@ __all__ = [
     "KeyGroupOutOfRange",
     "LogNotFound",
     "PermissionDenied",
+    "RequestTooLarge",
     "ShuttingDown",
     "SidecarUnavailable",
     "SqnOutOfRange",
@@ -165,6 +166,17 @@ class Backpressure(DstlError):
 
     grpc_code = "RESOURCE_EXHAUSTED"
     kind = "backpressure"
+
+
+class RequestTooLarge(DstlError):
+    """A request holds more bytes, or more items of a list, than its method accepts.
+
+    Refused before the request is decoded, so its cost stays bounded by the
+    method's limit and not by a number the caller wrote.
+    """
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+    kind = "request_too_large"
 
 
 class ShuttingDown(DstlError):

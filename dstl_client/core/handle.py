@@ -120,8 +120,12 @@ class ChangelogHandle:
 
     @classmethod
     def from_proto(cls, msg: pb.Handle) -> ChangelogHandle:
+        """The handle ``msg`` encodes, checked; its entries are counted before any is built."""
         if msg.format_version != HANDLE_VERSION:
             raise InvalidHandle(f"unsupported handle version {msg.format_version}")
+        n = len(msg.entries)
+        if n > MAX_ENTRIES:
+            raise InvalidHandle(f"{n} entries (at most {MAX_ENTRIES})")
         return cls(
             job_id=msg.job_id,
             log_id=msg.log_id,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import tracemalloc
 from collections.abc import Callable
 
 import pytest
@@ -327,3 +328,17 @@ def test_garbage_bytes_are_an_invalid_handle(seed: int) -> None:
     blob = rng.randbytes(rng.randint(1, 4096))
     with pytest.raises(InvalidHandle):
         ChangelogHandle.from_bytes(blob)
+
+
+def test_entries_are_counted_before_any_is_built() -> None:
+    """A message of many (empty) entries is refused without building them: the probe's
+    padded handle built every entry first, hundreds of MiB."""
+    msg = pb.Handle.FromString(b"\x08\x01" + b"\x42\x00" * (MAX_ENTRIES + 1))
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidHandle, match=f"{MAX_ENTRIES + 1} entries"):
+            ChangelogHandle.from_proto(msg)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 << 10, f"{peak} bytes allocated to refuse the handle"

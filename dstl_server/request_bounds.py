@@ -1,0 +1,261 @@
+"""Per-method request bounds, checked on the wire bytes before a request is decoded.
+
+Decoding a protobuf message builds every element of its repeated fields: an
+empty ``HandleEntry``, ``KeyGroupChanges``, object key or forwarded section
+costs 2 bytes on the wire and some 60 bytes once decoded (then more as Python
+objects), so a check of ``len(request.entries)`` after decoding comes too
+late: 8 MB of empty handle entries took half a second and 276 MiB to decode.
+This module bounds a request's work by what is on the wire, before anything
+is built:
+
+* **bytes per method** (:func:`method_limits`): calls that carry changes
+  (``Append``, ``PersistDurably``, ``Session`` messages, ``Forward``) up to
+  ``max_request_bytes``; ``ReadChanges`` (a handle) up to
+  ``max_read_request_bytes``; every other call up to
+  ``max_control_request_bytes`` (each capped at ``max_request_bytes``,
+  gRPC's own bound for every message). More: :class:`RequestTooLarge`.
+* **items per repeated field** (:data:`SHAPES`): a scan of the wire format
+  counts the elements of each bounded repeated field (summed over every
+  occurrence of a message field, which protobuf merges) and refuses the
+  request as soon as one passes its limit; the scan visits at most the sum of
+  the limits plus :data:`_SCALAR_FIELD_ALLOWANCE` fields in all, so its own
+  cost is bounded by the limits and not by the request. Bytes that are not
+  protobuf wire format are refused like the decoder refuses them.
+
+Pure functions over bytes: any thread (gRPC calls the deserializer that uses
+them on the server's event loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from dstl_client.core.errors import (
+    DstlError,
+    InvalidArgument,
+    InvalidHandle,
+    RequestTooLarge,
+)
+from dstl_client.core.format import MAX_PARTS_PER_REQUEST
+from dstl_client.core.handle import MAX_ENTRIES
+
+#: most object keys one DiscardObjects call names
+MAX_DISCARD_KEYS = 10_000
+#: most key groups one ReadChanges call names (twice the largest max parallelism)
+MAX_READ_KEY_GROUPS = 1 << 16
+#: most log sections one Forward call carries (a child never sends more)
+MAX_FORWARD_SECTIONS = 1 << 14
+#: fields a scanned request may hold beyond the elements of its bounded lists
+#: (every singular field once, with room for a repeated one)
+_SCALAR_FIELD_ALLOWANCE = 1024
+
+#: methods whose requests carry changes or sections: up to max_request_bytes
+DATA_METHODS = frozenset({"Append", "PersistDurably", "Session", "Forward"})
+#: the method whose request carries a handle: up to max_read_request_bytes
+READ_METHOD = "ReadChanges"
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """A bounded repeated field: at most ``limit`` elements, else ``error``.
+
+    ``packed``: a repeated scalar whose occurrences may be packed (a
+    length-delimited run of varints, each one element).
+    """
+
+    what: str
+    limit: int
+    error: type[DstlError] = InvalidArgument
+    packed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What the scan checks in one message type: its bounded lists and the messages inside
+    it that hold bounded lists (scanned too). Other fields are skipped unread."""
+
+    name: str
+    counted: Mapping[int, Counted] = field(default_factory=dict)
+    nested: Mapping[int, Shape] = field(default_factory=dict)
+
+    def visit_limit(self) -> int:
+        """Fields the scan of one request may visit at most."""
+        own = sum(c.limit for c in self.counted.values())
+        return own + sum(s.visit_limit() for s in self.nested.values()) + _SCALAR_FIELD_ALLOWANCE
+
+
+def _parts(field_no: int, name: str) -> Shape:
+    what = "key-group parts in one request"
+    counted = Counted(what, MAX_PARTS_PER_REQUEST, InvalidArgument)
+    return Shape(name, counted={field_no: counted})
+
+
+_APPEND = _parts(2, "AppendRequest")
+_PERSIST = _parts(3, "PersistRequest")
+_HANDLE = Shape("Handle", counted={8: Counted("handle entries", MAX_ENTRIES, InvalidHandle)})
+
+#: the request of each method with bounded lists (field numbers of proto/dstl/v1)
+SHAPES: Mapping[str, Shape] = {
+    "Append": _APPEND,
+    "PersistDurably": _PERSIST,
+    "Session": Shape("SessionRequest", nested={2: _APPEND, 4: _PERSIST}),
+    "ReadChanges": Shape(
+        "ReadChangesRequest",
+        counted={2: Counted("key groups", MAX_READ_KEY_GROUPS, packed=True)},
+        nested={1: _HANDLE},
+    ),
+    "DiscardObjects": Shape(
+        "DiscardObjectsRequest", counted={2: Counted("object keys", MAX_DISCARD_KEYS)}
+    ),
+    "Forward": Shape("ForwardRequest", counted={2: Counted("sections", MAX_FORWARD_SECTIONS)}),
+}
+
+
+def method_limits(
+    methods: list[str], *, max_request: int, max_read: int, max_control: int
+) -> dict[str, int]:
+    """Most bytes a request of each of ``methods`` may hold (see the module docstring)."""
+    out: dict[str, int] = {}
+    for m in methods:
+        if m in DATA_METHODS:
+            out[m] = max_request
+        elif m == READ_METHOD:
+            out[m] = min(max_read, max_request)
+        else:
+            out[m] = min(max_control, max_request)
+    return out
+
+
+def _unscanned_bytes(shape: Shape) -> int:
+    """Requests of at most this many bytes cannot break a bound of ``shape``: a field
+    takes 2 bytes or more, an element of a packed list 1 or more."""
+    bound = 2 * shape.visit_limit()
+    for c in shape.counted.values():
+        bound = min(bound, c.limit if c.packed else 2 * c.limit)
+    for inner in shape.nested.values():
+        bound = min(bound, _unscanned_bytes(inner))
+    return bound
+
+
+_VISITS = {m: s.visit_limit() for m, s in SHAPES.items()}
+_UNSCANNED_BYTES = {m: _unscanned_bytes(s) for m, s in SHAPES.items()}
+
+
+class _Undecodable(Exception):
+    """The bytes are not protobuf wire format (the scan's internal signal)."""
+
+
+class _Scan:
+    """One scan of one request: the running counts and the fields visited."""
+
+    __slots__ = ("counts", "left", "method")
+
+    def __init__(self, method: str, visits: int) -> None:
+        self.method = method
+        self.counts: dict[int, int] = {}
+        self.left = visits
+
+    def walk(self, data: bytes, start: int, end: int, shape: Shape) -> None:
+        counted = shape.counted
+        nested = shape.nested
+        pos = start
+        while pos < end:
+            self.left -= 1
+            if self.left < 0:
+                raise InvalidArgument(
+                    f"{self.method} request holds too many fields (a {shape.name} of the "
+                    "client library never does)"
+                )
+            key = data[pos]  # a one-byte tag (fields 1-15) is read inline
+            pos += 1
+            if key >= 0x80:
+                key, pos = _varint(data, pos - 1, end)
+            field_no, wire = key >> 3, key & 7
+            if field_no == 0:
+                raise _Undecodable("field number 0")
+            if wire == 2:
+                if pos < end and data[pos] < 0x80:
+                    length = data[pos]
+                    pos += 1
+                else:
+                    length, pos = _varint(data, pos, end)
+                stop = pos + length
+                if stop > end:
+                    raise _Undecodable("a length runs past the end of the message")
+                count = counted.get(field_no)
+                if count is not None:
+                    if count.packed:  # one element per byte that ends a varint
+                        chunk = data[pos:stop]
+                        self._add(count, length - len(chunk.translate(None, _VARINT_ENDS)))
+                    else:
+                        self._add(count, 1)
+                else:
+                    inner = nested.get(field_no)
+                    if inner is not None:
+                        self.walk(data, pos, stop, inner)
+                pos = stop
+            elif wire == 0:
+                _, pos = _varint(data, pos, end)
+                count = counted.get(field_no)
+                if count is not None:
+                    self._add(count, 1)
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            else:
+                raise _Undecodable(f"wire type {wire}")
+            if pos > end:
+                raise _Undecodable("a field runs past the end of the message")
+
+    def _add(self, count: Counted, n: int) -> None:
+        key = id(count)
+        total = self.counts.get(key, 0) + n
+        if total > count.limit:
+            raise count.error(
+                f"{self.method}: more than {count.limit} {count.what} (at most {count.limit}; "
+                "refused before decoding)"
+            )
+        self.counts[key] = total
+
+
+#: bytes that end a varint (high bit clear): deleted, the rest are continuation bytes
+_VARINT_ENDS = bytes(range(0x80))
+
+
+def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise _Undecodable("truncated or overlong varint")
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def check_request(method: str, data: bytes, limit: int) -> None:
+    """Refuse ``data`` as a ``method`` request before decoding it, if it is out of bounds.
+
+    Raises :class:`RequestTooLarge` past ``limit`` bytes, the count's error
+    past an item limit (:data:`SHAPES`), :class:`InvalidArgument` for bytes
+    that are not protobuf wire format. A method without a shape has no
+    bounded list: only its size is checked.
+    """
+    if len(data) > limit:
+        raise RequestTooLarge(
+            f"a {method} request holds {len(data)} bytes; this sidecar accepts at most "
+            f"{limit} for {method} (refused before decoding)"
+        )
+    shape = SHAPES.get(method)
+    if shape is None or len(data) <= _UNSCANNED_BYTES[method]:
+        return  # too short to hold more fields or elements than allowed
+    scan = _Scan(method, _VISITS[method])
+    try:
+        scan.walk(data, 0, len(data), shape)
+    except _Undecodable as exc:
+        raise InvalidArgument(f"request bytes do not decode as {shape.name}: {exc}") from None
