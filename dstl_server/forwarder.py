@@ -32,7 +32,7 @@ from pathlib import Path
 import grpc
 
 from dstl_client.core._pb import dstl_pb2 as pb
-from dstl_client.core.errors import CorruptObject, InvalidArgument, PermissionDenied
+from dstl_client.core.errors import ConfigError, CorruptObject, InvalidArgument, PermissionDenied
 from dstl_client.core.format import EncodedSection, verify_log_section
 from dstl_client.core.handle import HandleEntry
 from dstl_client.core.keys import check_key_of_job
@@ -231,9 +231,14 @@ def node_token(settings: ServerSettings) -> str:
     from its own auth secret (nodes of a tree share it), else none (auth off)."""
     if settings.parent_token_file:
         try:
-            return Path(settings.parent_token_file).read_text().strip()
+            token = Path(settings.parent_token_file).read_text().strip()
         except OSError as exc:
             raise OSError(f"cannot read parent_token_file: {exc.strerror}") from None
+        if not token:  # a token that is given must be one: never forward without it
+            raise ConfigError(
+                f"setting parent_token_file={settings.parent_token_file!r}: the file is empty"
+            )
+        return token
     return Authenticator(settings.auth_secret).node_token() if settings.auth_secret else ""
 
 

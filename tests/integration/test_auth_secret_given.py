@@ -128,6 +128,16 @@ def test_an_empty_given_secret_refuses_to_start(
     assert not (tmp_path / "objects").exists()  # nothing started
 
 
+def test_an_empty_parent_token_file_refuses_to_start(tmp_path: Path) -> None:
+    """A forwarding node given an empty token file used to forward with no token at all."""
+    blank = _file(tmp_path, "blank", " \n")
+    res = run_server(tmp_path, ["--parent", "127.0.0.1:9", "--parent-token-file", blank], {})
+    assert res.returncode == 2 and res.stdout == "", (res.stdout, res.stderr)
+    assert res.stderr.splitlines() == [
+        f"dstl-server: configuration error: setting parent_token_file={blank!r}: the file is empty"
+    ]
+
+
 def test_a_weak_secret_from_a_file_refuses_to_start(tmp_path: Path) -> None:
     res = run_server(tmp_path, ["--auth-secret-file", _file(tmp_path, "s", "short\n")], {})
     assert res.returncode == 2 and res.stdout == ""
