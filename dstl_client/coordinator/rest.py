@@ -227,6 +227,8 @@ class CheckpointConfigServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S,
     ) -> None:
+        if token and not token.strip():  # given, so it must be one (never a guessable blank)
+            raise ConfigError("config_token is blank: give a token, or leave it empty (loopback)")
         if not is_loopback(host) and not token:
             raise ConfigError(
                 f"the checkpoint configuration endpoint on {host!r} (not loopback) needs a "
