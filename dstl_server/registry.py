@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import (
     ChangeTooLarge,
     DstlError,
@@ -32,6 +33,8 @@ from dstl_server.uploads import Uploads, UploadTask
 log = logging.getLogger(__name__)
 
 _MAX_KEY_GROUP = 1 << 24
+#: what a call refused before its parts were read may have carried: one change
+_MAY_HAVE_CARRIED = (pb.KeyGroupChanges(count=1),)
 _u32 = int.from_bytes
 
 
@@ -193,6 +196,19 @@ class LogRegistry:
                 raise InvalidArgument("empty append batch")
             with self.order.changes_land(wl, session, seq, parts):
                 return await self._append(log_id, parts)
+
+    async def refuse(
+        self, log_id: str, error: DstlError, *, session: int = 0, seq: int = 0
+    ) -> None:
+        """Refuse a writer call with ``error`` in its turn (raises it): one refused before its
+        parts were decoded (too many of them). It may have carried changes, so its session
+        fails, like one whose changes are refused."""
+        wl = self._called(log_id)
+        if not seq:
+            raise error
+        async with self.order.turn(wl, session, seq):
+            with self.order.changes_land(wl, session, seq, _MAY_HAVE_CARRIED):
+                raise error
 
     async def last_appended_sqn(self, log_id: str, *, session: int = 0, seq: int = 0) -> int:
         wl = self._called(log_id)

@@ -88,6 +88,9 @@ class _Malformed:
     (:mod:`dstl_server.request_bounds`)."""
 
     error: DstlError
+    #: a writer call's log id, session and seq, read without its parts (the call still
+    #: takes its turn: see ``ChangelogService._refused_writer_call``)
+    header: pb.LastAppendedSqnRequest | None = None
 
 
 def _check_decoded(request: object) -> None:
@@ -106,6 +109,8 @@ def _unary(
             await _abort(ctx, exc, self.metrics)
             raise
         try:
+            if isinstance(req, _Malformed) and req.header is not None:
+                await self._refused_writer_call(req.header, req.error, ctx)
             _check_decoded(req)
             return await fn(self, req, ctx)
         except Exception as exc:
@@ -230,6 +235,19 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         wl = self.registry.get(log_id)
         check_job(principal, wl.job_id, admin_ok=admin_ok)
         return wl
+
+    async def _refused_writer_call(
+        self, header: pb.LastAppendedSqnRequest, error: DstlError, ctx: grpc.aio.ServicerContext
+    ) -> None:
+        """An ordered writer call refused before decoding still takes its turn (raises).
+
+        Its log, session and seq were read without its parts; refused in its
+        turn, it leaves no gap in the writer's calls (no later call waits for
+        it, none is told it was lost) and fails its session, as it may have
+        carried changes.
+        """
+        self._owned_log(ctx, header.log_id)
+        await self.registry.refuse(header.log_id, error, session=header.session, seq=header.seq)
 
     def stop_accepting(self) -> None:
         """Refuse new calls with ShuttingDown; running ones go on."""
@@ -492,6 +510,11 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         return pb.ForwardResponse(object_key=entries[0].object_key, placements=places)
 
 
+#: writer calls with parts and a turn: their log id (1), session (14) and seq (15)
+#: are LastAppendedSqnRequest's fields
+_ORDERED_CALLS = frozenset({"Append", "PersistDurably"})
+
+
 def _safe_deserializer(cls: Any, method: str, limit: int) -> Callable[[bytes], Any]:
     """Parse a request within its method's bounds; refused bytes become a :class:`_Malformed`.
 
@@ -505,7 +528,13 @@ def _safe_deserializer(cls: Any, method: str, limit: int) -> Callable[[bytes], A
         try:
             check_request(method, data, limit)
         except DstlError as exc:
-            return _Malformed(exc)
+            if method not in _ORDERED_CALLS:
+                return _Malformed(exc)
+            try:  # its log, session and seq: the parts are an unknown field here, raw bytes
+                header = pb.LastAppendedSqnRequest.FromString(data)
+            except DecodeError:
+                return _Malformed(exc)
+            return _Malformed(exc, header)
         try:
             return cls.FromString(data)
         except DecodeError as exc:

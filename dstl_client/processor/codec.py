@@ -19,8 +19,14 @@ Python version. The layout follows the schema (nothing about it is stored)::
 
 Equal values give equal bytes (map state keys are looked up by their bytes).
 A value is a tuple, list or ``Row`` (by position) or a dict (by field name);
-NumPy and pandas scalars are taken as their Python values. Decoded rows and
-nested structs are plain tuples, as Spark's state clients return them.
+NumPy and pandas scalars are taken as their Python values. A top-level
+value of another iterable type is taken as the tuple of its items, as
+Spark's state clients do (a ``str`` ``"k"`` is the row ``("k",)`` of a
+one-field schema; ``"key"`` has three fields and is refused). Decoded rows
+are plain tuples (:meth:`RowCodec.loads`) or a ``Row`` with the schema's
+field names (:meth:`RowCodec.loads_row`); nested structs decode as
+``Row``\\ s, arrays as lists and maps as dicts, as Spark's state clients
+return them.
 
 Values of the wrong type or out of range raise
 :class:`~dstl_client.core.errors.InvalidArgument`. A codec is immutable: safe
@@ -222,8 +228,12 @@ def _bitmap_size(n: int) -> int:
     return (n + 7) // 8
 
 
-def _struct_codec(struct_type: Any) -> tuple[Encoder, Decoder]:
+def _struct_codec(struct_type: Any, *, as_row: bool = True) -> tuple[Encoder, Decoder]:
+    """A struct's codec; it decodes as a ``Row`` with its field names (``as_row``) or a tuple."""
+    from pyspark.sql import Row
+
     names = [f.name for f in struct_type.fields]
+    make_row = Row(*names) if as_row else None
     parts = [_codec(f.dataType) for f in struct_type.fields]
     nullable = [f.nullable for f in struct_type.fields]
     encs = [p[0] for p in parts]
@@ -240,8 +250,11 @@ def _struct_codec(struct_type: Any) -> tuple[Encoder, Decoder]:
             items = [value.get(name) for name in names]
         elif isinstance(value, tuple | list):
             if len(value) != n:
+                hint = ""
+                if all(isinstance(v, str) and len(v) == 1 for v in value):
+                    hint = " (a str is taken as its characters, as in Spark: pass a tuple)"
                 raise InvalidArgument(
-                    f"a value of ({shape}) has {n} fields, not {len(value)}: {value!r}"
+                    f"a value of ({shape}) has {n} fields, not {len(value)}: {value!r}{hint}"
                 )
             items = list(value)
         else:
@@ -274,7 +287,7 @@ def _struct_codec(struct_type: Any) -> tuple[Encoder, Decoder]:
             else:
                 value, pos = decs[i](data, pos)
                 items.append(value)
-        return tuple(items), pos
+        return (tuple(items) if make_row is None else make_row(*items)), pos
 
     return enc, dec
 
@@ -406,6 +419,14 @@ def _codec(dtype: Any) -> tuple[Encoder, Decoder]:
     raise InvalidArgument(f"state values of type {dtype.simpleString()} are not supported")
 
 
+def _iterable(value: Any) -> bool:
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
+
+
 class RowCodec:
     """Encodes the rows of one schema (see the module documentation).
 
@@ -413,17 +434,27 @@ class RowCodec:
     bytes. Immutable: any thread may use it.
     """
 
-    __slots__ = ("_dec", "_enc", "schema")
+    __slots__ = ("_dec", "_dec_row", "_enc", "schema")
 
     def __init__(self, schema: Any) -> None:
         self.schema = as_struct(schema)
-        self._enc, self._dec = _struct_codec(self.schema)
+        self._enc, self._dec = _struct_codec(self.schema, as_row=False)
+        self._dec_row = _struct_codec(self.schema)[1]
 
     def dumps(self, value: Any) -> bytes:
-        """``value`` (tuple, list, ``Row`` or dict) as bytes."""
+        """``value`` (tuple, list, ``Row``, dict, or another iterable: its items) as bytes."""
+        if not isinstance(value, tuple | list | dict) and _iterable(value):
+            value = tuple(value)  # as Spark's clients: tuple(value) before the schema
         out = bytearray()
         self._enc(value, out)
         return bytes(out)
+
+    def loads_row(self, data: bytes) -> Any:
+        """The value :meth:`dumps` encoded, as a ``Row`` with the schema's field names."""
+        value, pos = self._dec_row(data, 0)
+        if pos != len(data):
+            raise InvalidArgument("trailing bytes after a row")
+        return value
 
     def loads(self, data: bytes) -> tuple[Any, ...]:
         """The tuple :meth:`dumps` encoded."""

@@ -170,8 +170,15 @@ class ProcessorRuntime:
         return var
 
     def delete_state(self, name: str) -> int:
-        """Delete every row of the variable ``name`` in the task's key groups; how many."""
+        """Delete every row of the variable ``name`` in the task's key groups; how many.
+
+        A variable of that name handed out before can no longer be used.
+        """
         check_state_name(name)
+        var = self._vars.pop(name, None)
+        if var is not None:  # as in Spark: the variable is gone, a new get* declares it again
+            var.deleted = True
+            del self._signatures[name]
         name_bytes = name.encode("utf-8")
         start = encode_varint(len(name_bytes)) + name_bytes
         end = prefix_end(start)

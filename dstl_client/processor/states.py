@@ -7,9 +7,15 @@ values are tuples of the variable's schema, encoded by a
 map entry one row, so appends and entry updates log only what changed.
 With a TTL, values carry their expiry and are indexed (:mod:`.ttl`).
 
+Values come back as Spark's clients return them: tuples (``get``, list
+elements, map keys, ``iterator``, ``values``), a ``Row`` from
+``MapState.getValue``, nested structs as ``Row``\\ s (:mod:`.codec`).
+
 Every access is scoped to the current key of the task (set by the runtime
 before each ``handle*`` call); outside one (in ``init``) it raises
-:class:`~dstl_client.core.errors.InvalidArgument`. Thread: the task's thread only.
+:class:`~dstl_client.core.errors.InvalidArgument`, and so does every use of
+a variable removed by ``deleteIfExists`` (as in Spark). Thread: the task's
+thread only.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ class StateScope(Protocol):
 class _Variable:
     """One named state variable of a task (the task's thread only)."""
 
-    __slots__ = ("_codec", "_name", "_scope", "name", "ttl_ms")
+    __slots__ = ("_codec", "_name", "_scope", "deleted", "name", "ttl_ms")
 
     kind = "state"
 
@@ -53,6 +59,14 @@ class _Variable:
         self._name = name.encode("utf-8")
         self._codec = codec
         self.ttl_ms = ttl_ms
+        #: removed by ``deleteIfExists``: every use raises (as Spark's removed column family)
+        self.deleted = False
+
+    def _check_live(self) -> None:
+        if self.deleted:
+            raise InvalidArgument(
+                f"{self.kind} {self.name!r} was deleted (deleteIfExists): it cannot be used"
+            )
 
     def _expiry(self) -> int:
         assert self.ttl_ms is not None
@@ -85,6 +99,7 @@ class ValueState(_Variable):
     kind = "value state"
 
     def _row(self) -> bytes:
+        self._check_live()
         self._scope.require_key()
         return state_prefix(self._name, self._scope.backend.current_key_bytes)
 
@@ -142,6 +157,7 @@ class ListState(_Variable):
     kind = "list state"
 
     def _row(self) -> bytes:
+        self._check_live()
         self._scope.require_key()
         return state_prefix(self._name, self._scope.backend.current_key_bytes)
 
@@ -248,6 +264,7 @@ class MapState(_Variable):
         self._key_codec = key_codec
 
     def _prefix(self) -> bytes:
+        self._check_live()
         self._scope.require_key()
         return map_prefix(self._name, self._scope.backend.current_key_bytes)
 
@@ -267,9 +284,10 @@ class MapState(_Variable):
     def exists(self) -> bool:
         return next(self._entries(), None) is not None
 
-    def getValue(self, key: Any) -> tuple[Any, ...] | None:
+    def getValue(self, key: Any) -> Any:
+        """The value of ``key`` as a ``Row`` (as Spark's client returns it), or ``None``."""
         data = self._live(self._scope.backend.get(self._prefix() + self._user_key(key)))
-        return None if data is None else self._codec.loads(data)
+        return None if data is None else self._codec.loads_row(data)
 
     def containsKey(self, key: Any) -> bool:
         return self._live(self._scope.backend.get(self._prefix() + self._user_key(key))) is not None

@@ -31,6 +31,8 @@ from dstl_client.spark.task import MARKER_COLUMN, output_batch, result_batch, us
 INIT_COLUMN = "__dstl_init"
 #: output rows per Arrow batch returned by a task
 _OUT_BATCH_ROWS = 10_000
+#: rows per input DataFrame of a key (``spark.sql.execution.arrow.maxRecordsPerBatch``'s default)
+_MAX_RECORDS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +57,36 @@ class ProcessorTaskSpec:
     late_rows: str = "drop"
     #: Spark's session time zone (pandas timestamps are naive local times in it)
     timezone: str = "UTC"
+    #: how pandas frames are built (Spark's settings; the time zone above wins)
+    pandas_conf: PandasConf | None = None
     #: the initial state's columns (in ``INIT_COLUMN``), if the query has one
     initial_columns: tuple[str, ...] | None = None
+
+    @property
+    def pandas(self) -> PandasConf:
+        """The pandas conversion settings, in the session's time zone."""
+        conf = self.pandas_conf or PandasConf()
+        return replace(conf, timezone=self.timezone)
+
+
+@dataclass(frozen=True, slots=True)
+class PandasConf:
+    """Spark's settings of the pandas conversion, with Spark's defaults. Frozen: any thread."""
+
+    #: ``spark.sql.session.timeZone``
+    timezone: str = "UTC"
+    #: ``spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype``
+    prefer_int_ext_dtype: bool = False
+
+    @classmethod
+    def of(cls, session: Any) -> PandasConf:
+        """The settings of ``session`` (the driver)."""
+        conf = session.conf
+        prefer = conf.get("spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype", "false")
+        return cls(
+            timezone=conf.get("spark.sql.session.timeZone") or "UTC",
+            prefer_int_ext_dtype=str(prefer).lower() == "true",
+        )
 
 
 def processor_task(
@@ -139,15 +169,50 @@ def _key_positions(keys: list[Any]) -> dict[Any, list[int]]:
     return where
 
 
-def _to_pandas(table: Any, timezone: str) -> Any:
-    """Arrow to pandas as Spark hands DataFrames over: timestamps naive, in the session zone."""
-    import pyarrow as pa
+def _spark_rows(table: Any, conf: PandasConf) -> list[Any]:
+    """The rows of ``table`` as Spark's ``transformWithStateInPandas`` reads them.
 
-    pdf = table.to_pandas()
-    for field in table.schema:
-        if pa.types.is_timestamp(field.type) and field.type.tz is not None:
-            pdf[field.name] = pdf[field.name].dt.tz_convert(timezone).dt.tz_localize(None)
-    return pdf
+    Spark's own Arrow-to-pandas conversion (timestamps as naive
+    ``datetime64[ns]`` in the session time zone, dates as ``datetime.date``,
+    decimals as ``Decimal``, arrays as NumPy arrays, maps and structs as
+    dicts, binary as ``bytes``), then one named tuple per row: Spark builds
+    each key's DataFrame from these (:func:`_frame`), so pandas infers its
+    dtypes again (``int32`` becomes ``int64``, ``float32`` ``float64``).
+    """
+    import pandas as pd
+    import pyarrow as pa
+    from pyspark.sql.conversion import ArrowBatchTransformer
+
+    zoned = [
+        pa.field(f.name, pa.timestamp(f.type.unit, conf.timezone), f.nullable)
+        if pa.types.is_timestamp(f.type) and f.type.tz is not None
+        else f
+        for f in table.schema
+    ]
+    if zoned != list(table.schema):  # Spark's Arrow columns carry the session zone
+        table = table.cast(pa.schema(zoned))
+    series = ArrowBatchTransformer.to_pandas(
+        table, timezone=conf.timezone, prefer_int_ext_dtype=conf.prefer_int_ext_dtype
+    )
+    return list(pd.concat(series, axis=1).itertuples(index=False))
+
+
+def _to_pandas(table: Any, timezone: str) -> Any:
+    """``table`` as one DataFrame built as Spark builds a key's (sorted mode slices it)."""
+    import pandas as pd
+
+    rows = _spark_rows(table, PandasConf(timezone=timezone))
+    if not rows:
+        return pd.DataFrame({name: [] for name in table.column_names})
+    return pd.DataFrame(rows)
+
+
+def _frames(rows: list[Any], positions: list[int]) -> Iterator[Any]:
+    """A key's rows as Spark hands them over: DataFrames of at most ``_MAX_RECORDS`` rows."""
+    import pandas as pd
+
+    for start in range(0, len(positions), _MAX_RECORDS):
+        yield pd.DataFrame([rows[i] for i in positions[start : start + _MAX_RECORDS]])
 
 
 def _input_groups(spec: ProcessorTaskSpec, table: Any) -> tuple[Iterator[tuple[Any, Any]], int]:
@@ -157,24 +222,11 @@ def _input_groups(spec: ProcessorTaskSpec, table: Any) -> tuple[Iterator[tuple[A
     where = _key_positions(table.column(spec.key).to_pylist())
     n = table.num_rows
     if spec.use_pandas:
-        import pandas as pd
-        import pyarrow as pa
-
-        # One Arrow take puts each key's rows together (in arrival order), one
-        # conversion makes the DataFrame; a key's frame is then a copied slice
-        # with its own RangeIndex, as Spark hands it over: ~2x cheaper per key
-        # than a take and an index reset per key.
-        order = pa.array([i for positions in where.values() for i in positions], pa.int64())
-        pdf = _to_pandas(table.take(order), spec.timezone)
+        spark_rows = _spark_rows(table, spec.pandas)
 
         def frames() -> Iterator[tuple[Any, Any]]:
-            start = 0
             for k, positions in where.items():
-                end = start + len(positions)
-                frame = pdf.iloc[start:end].copy()
-                frame.index = pd.RangeIndex(end - start)
-                start = end
-                yield k, iter([frame])
+                yield k, _frames(spark_rows, positions)
 
         return frames(), n
     from pyspark.sql import Row
@@ -200,8 +252,8 @@ def _initial_groups(spec: ProcessorTaskSpec, table: Any) -> list[tuple[Any, list
     init = pa.Table.from_arrays(struct.flatten(), names=list(spec.initial_columns))
     where = _key_positions(table.column(spec.key).to_pylist())
     if spec.use_pandas:
-        pdf = _to_pandas(init, spec.timezone)
-        return [(k, [pdf.iloc[p].reset_index(drop=True)]) for k, p in where.items()]
+        rows = _spark_rows(init, spec.pandas)
+        return [(k, list(_frames(rows, p))) for k, p in where.items()]
     from pyspark.sql import Row
 
     make = Row(*init.column_names)

@@ -12,13 +12,13 @@ own checkpoint.
 
 Timers of batch ``N`` fire at the watermark of batch ``N`` (event time) or
 its batch timestamp (processing time), after the batch's input rows. Input
-rows whose event time is at or before the watermark of batch ``N`` are late.
-That is the bound Spark's ``transformWithState`` applies in effect: Spark
-runs a batch without data whenever the watermark advanced, so the data of
-the next batch meets the advanced watermark; a ``foreachBatch`` query has no
-such batches, so the lateness bound is taken from the batch itself. (The
-timers Spark would fire in that batch without data fire here in the next
-batch, after its input rows.)
+rows are late when their event time is at or before the watermark of batch
+``N - 1`` (the watermark of batch ``N`` in batch 0): Spark's "watermark for
+late events" of stateful operators (since Spark 3.4), while timers and
+eviction use the current one. So with a backlog (input already there, no
+batch without data in between) a row between the two watermarks is still
+processed, as Spark's ``transformWithState`` does; after a batch without
+data (which a ``foreachBatch`` query never runs) the two are equal.
 
 Immutable values and pure functions (the reader runs on the driver's batch thread).
 """
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dstl_client.core.errors import InvalidArgument
+from dstl_client.core.errors import DstlError, InvalidArgument
 from dstl_client.processor.api import TimerValues
 from dstl_client.spark.query import source_progress
 
@@ -129,12 +129,18 @@ def _metadata(entry: Sequence[Any] | None) -> dict[str, Any]:
     return {}
 
 
-def times_from_offsets(entry: Sequence[Any] | None, *, event_time: bool) -> BatchTimes:
-    """The times of a batch from its offsets log entry.
+def times_from_offsets(
+    entry: Sequence[Any] | None,
+    *,
+    event_time: bool,
+    previous: Sequence[Any] | None = None,
+) -> BatchTimes:
+    """The times of a batch from its offsets log entry (and the previous batch's).
 
     ``batchTimestampMs`` is the processing time; with ``event_time``,
     ``batchWatermarkMs`` is the watermark (``0`` before any event time, as in
-    Spark) and the lateness bound.
+    Spark) and ``previous``'s the lateness bound (this entry's if there is
+    no previous one, as in Spark's first batch).
     """
     meta = _metadata(entry)
     if "batchTimestampMs" not in meta:
@@ -143,7 +149,28 @@ def times_from_offsets(entry: Sequence[Any] | None, *, event_time: bool) -> Batc
     if not event_time:
         return BatchTimes(processing_ms=processing)
     watermark = int(meta.get("batchWatermarkMs", 0))
-    return BatchTimes(processing_ms=processing, watermark_ms=watermark, late_watermark_ms=watermark)
+    before = _metadata(previous)
+    late = int(before["batchWatermarkMs"]) if "batchWatermarkMs" in before else watermark
+    return BatchTimes(processing_ms=processing, watermark_ms=watermark, late_watermark_ms=late)
+
+
+def batch_times(
+    spark_checkpoint: str, batch_id: int, session: Any, *, event_time: bool
+) -> BatchTimes:
+    """The times of ``batch_id`` from Spark's offsets log under ``spark_checkpoint``.
+
+    Reads the batch's entry and, with ``event_time``, the previous batch's
+    (the lateness bound). Raises :class:`~dstl_client.core.errors.DstlError`
+    when the batch has no entry. The driver's batch thread.
+    """
+    entry = read_offsets_entry(spark_checkpoint, batch_id, session)
+    if entry is None:
+        raise DstlError(
+            f"no offsets log entry of batch {batch_id} under {spark_checkpoint}: "
+            "the batch's times cannot be known"
+        )
+    previous = read_offsets_entry(spark_checkpoint, batch_id - 1, session) if event_time else None
+    return times_from_offsets(entry, event_time=event_time, previous=previous)
 
 
 def read_offsets_entry(spark_checkpoint: str, batch_id: int, session: Any) -> list[Any] | None:

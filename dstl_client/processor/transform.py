@@ -32,7 +32,7 @@ from typing import Any
 
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.messages import BatchPlan
-from dstl_client.core.errors import ConfigError, DstlError, InvalidArgument
+from dstl_client.core.errors import ConfigError, InvalidArgument
 from dstl_client.processor.api import time_mode_of
 from dstl_client.processor.codec import RowCodec
 from dstl_client.processor.conf import merged_options
@@ -42,12 +42,7 @@ from dstl_client.processor.runner import KEY_DECODERS, ProcessorTask
 from dstl_client.processor.sinks import WriteSpec, make_sink
 from dstl_client.processor.stats import BatchFigures
 from dstl_client.processor.task import INIT_COLUMN, ProcessorTaskSpec, processor_task, stats_of
-from dstl_client.processor.times import (
-    BatchTimes,
-    parse_duration_ms,
-    read_offsets_entry,
-    times_from_offsets,
-)
+from dstl_client.processor.times import BatchTimes, batch_times, parse_duration_ms
 from dstl_client.processor.writer import OUTPUT_MODES, ProcessorStream
 from dstl_client.spark.keyed import (
     BatchHooks,
@@ -96,7 +91,7 @@ def transform_with_state(
     ``event_time_column`` is the input's event-time column (a timestamp); with
     ``watermark_delay`` (``"10 seconds"``) it gets ``withWatermark`` here,
     without it the input must have one already. Rows at or before the
-    batch's watermark are late (:mod:`.times`): dropped (``late_rows="drop"``, as in
+    previous batch's watermark are late (:mod:`.times`, as in Spark): dropped (``late_rows="drop"``, as in
     Spark) or passed on (``"pass"``); both are counted.
 
     ``initial_state`` (a batch DataFrame or its ``groupBy`` on the same key):
@@ -247,13 +242,7 @@ class ProcessorDriver:
         event_time = self.spec.event_time_column is not None
         if self.spec.how.time_mode == "None" and not event_time:
             return BatchTimes()
-        entry = read_offsets_entry(self.opts.spark_checkpoint_dir, batch_id, session)
-        if entry is None:
-            raise DstlError(
-                f"no offsets log entry of batch {batch_id} under {self.opts.spark_checkpoint_dir}: "
-                "the batch's times cannot be known"
-            )
-        return times_from_offsets(entry, event_time=event_time)
+        return batch_times(self.opts.spark_checkpoint_dir, batch_id, session, event_time=event_time)
 
     # --------------------------------------------------------------- hooks
     def make_task(self, plan: BatchPlan, batch_df: Any, batch_id: int) -> TaskFunction:

@@ -166,8 +166,13 @@ class KeyedSchemas:
     arrow: Any
 
 
-def keyed_schemas(output_schema: Any) -> KeyedSchemas:
-    """The schemas of a keyed operator whose rows are ``output_schema`` (DDL, ``StructType``, None)."""
+def keyed_schemas(output_schema: Any, timezone: str | None = None) -> KeyedSchemas:
+    """The schemas of a keyed operator whose rows are ``output_schema`` (DDL, ``StructType``, None).
+
+    Timestamps in the Arrow schema carry ``timezone``, by default the active
+    session's ``spark.sql.session.timeZone`` (as Spark's own Arrow schemas do).
+    Called on the driver.
+    """
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import BinaryType, StructField, StructType
 
@@ -179,7 +184,17 @@ def keyed_schemas(output_schema: Any) -> KeyedSchemas:
         [StructField(f.name, f.dataType, True) for f in user.fields]
         + [StructField(name, BinaryType(), True) for name in RESULT_COLUMNS]
     )
-    return KeyedSchemas(user=user, mapped=mapped, arrow=to_arrow_schema(mapped))
+    zone = timezone or session_timezone()
+    return KeyedSchemas(user=user, mapped=mapped, arrow=to_arrow_schema(mapped, timezone=zone))
+
+
+def session_timezone() -> str:
+    """The active Spark session's time zone (``spark.sql.session.timeZone``; UTC without one)."""
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.getActiveSession()
+    zone = session.conf.get("spark.sql.session.timeZone") if session is not None else None
+    return zone or "UTC"
 
 
 @dataclass(frozen=True, slots=True)

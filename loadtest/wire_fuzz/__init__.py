@@ -11,7 +11,13 @@ traversing and absolute object keys and bad format versions,
 ``CreateWriter`` and ``DiscardObjects`` with bad arguments, ``ListObjects``
 pages of the fuzz jobs (first pages and the next pages their answers named),
 of other jobs, with huge page sizes, malformed or foreign page tokens and bad
-job ids, and plain garbage request bytes to every RPC.
+job ids, ``Forward`` calls of valid, corrupt (body or header), empty and
+garbage sections, and plain garbage request bytes to every RPC. The
+amplification shapes (requests that are small on the wire and huge once
+decoded) are among them: real handles padded with up to a million empty
+entries, up to a million blank key-group parts, empty discard keys and empty
+forwarded sections; the ``typed-errors``, ``call-bound`` and ``rss``
+invariants hold for them like for any request.
 
 Invariants (a violation is printed with the request that caused it, the
 seed, the worker and call number, and the calls around it):

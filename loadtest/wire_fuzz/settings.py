@@ -75,6 +75,7 @@ METHODS = (
     "ReadChanges",
     "DiscardObjects",
     "ListObjects",
+    "Forward",
 )
 
 #: what a worker does, with weights (``--ops`` picks a subset)
@@ -89,6 +90,7 @@ OPS: tuple[tuple[str, int], ...] = (
     ("discard", 3),
     ("list", 4),
     ("foreign", 6),
+    ("forward", 4),
     ("garbage", 12),
     ("hoard", 4),
 )

@@ -132,6 +132,8 @@ class FuzzWorker(threading.Thread):
             call = self.gen.list_objects(handles(), self.pages)
         elif op == "foreign":
             call = self.gen.foreign()
+        elif op == "forward":
+            call = self.gen.forward()
         else:
             call = self.gen.garbage(self._garbage_base(handles()))
         # a chaotic writer's call (or garbage made of one) goes on a Session stream at

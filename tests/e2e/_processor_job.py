@@ -46,9 +46,12 @@ T0_MS = int(T0.timestamp() * 1000)
 #: per batch: (user, seconds after T0, page)
 BATCHES: list[list[tuple[str, int, str]]] = [
     [("a", 0, "p1"), ("a", 5, "p2"), ("b", 3, "p1"), ("c", 20, "p1")],
-    [("a", 40, "p1"), ("b", 8, "p2"), ("d", 45, "p1")],  # b@8 is late (watermark 10 s)
-    [("c", 60, "p2"), ("e", 55, "p1"), ("g", 90, "p1")],  # b's timer (33 s) fires
-    [("b", 95, "p1"), ("h", 81, "p2"), ("a", 79, "p1")],  # a@79 late; a and d fire
+    # b@2 is on time: late rows are those at or before the previous batch's watermark (0)
+    [("a", 40, "p1"), ("b", 2, "p2"), ("d", 45, "p1")],
+    [("c", 60, "p2"), ("e", 55, "p1"), ("g", 90, "p1")],  # b's timer (32 s) fires
+    # a@30 is late (batch 2's watermark: 35 s); a@79 would not be (watermark 80 s, as in
+    # Spark under a backlog); a and d fire
+    [("b", 95, "p1"), ("h", 81, "p2"), ("a", 30, "p1")],
 ]
 
 
@@ -115,11 +118,12 @@ def expected() -> tuple[dict[int, set[Output]], dict[int, int]]:
     outputs: dict[int, set[Output]] = {}
     late: dict[int, int] = {}
     state: dict[str, dict[str, Any]] = {}
-    watermark = 0  # Spark's watermark before any event time
+    watermark = previous = 0  # Spark's watermark before any event time
     for b, rows in enumerate(BATCHES):
         out: set[Output] = set()
-        bound = watermark - T0_MS  # the batch's watermark, relative to T0
-        on_time = [r for r in rows if r[1] * 1000 > bound]
+        bound = watermark - T0_MS  # the batch's watermark, relative to T0: timers
+        late_bound = previous - T0_MS  # the previous batch's: late rows (Spark's rule)
+        on_time = [r for r in rows if r[1] * 1000 > late_bound]
         late[b] = len(rows) - len(on_time)
         for user in dict.fromkeys(u for u, _, _ in on_time):
             mine = [r for r in on_time if r[0] == user]
@@ -138,7 +142,7 @@ def expected() -> tuple[dict[int, set[Output]], dict[int, int]]:
             out.add((user, "idle", s["count"], len(s["pages"]), 0, T0_MS + at))
         outputs[b] = out
         batch_max = T0_MS + max(t for _, t, _ in rows) * 1000
-        watermark = next_watermark(watermark, batch_max, DELAY_MS)
+        previous, watermark = watermark, next_watermark(watermark, batch_max, DELAY_MS)
     return outputs, late
 
 

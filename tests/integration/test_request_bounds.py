@@ -36,6 +36,7 @@ from dstl_client.core.errors import (
     LogNotFound,
     PermissionDenied,
     RequestTooLarge,
+    WriterFailed,
 )
 from dstl_client.core.format import Changeset, encode_log_section, pack_changes
 from dstl_client.core.handle import MAX_ENTRIES
@@ -211,6 +212,31 @@ def test_millions_of_empty_parts_are_refused_before_decoding(
     err, elapsed, growth = refusal(sidecar, method, request)
     assert_bounded(err, elapsed, growth, InvalidArgument)
     assert "key-group parts" in err.message
+
+
+def test_an_ordered_call_refused_before_decoding_still_takes_its_turn(sidecar: Sidecar) -> None:
+    """Its seq is read without its parts: the next call of the session is not left waiting
+    for it (CallLost after the timeout); it is refused as the session failed (the call may
+    have carried changes that no handle may miss)."""
+    log_id = sidecar.client.create_writer(
+        job_id=JOB, operator_id="ordered", key_group_range=(0, 7)
+    ).log_id
+    session = b"\x70" + _varint(12345) + b"\x78"  # session=12345, then seq's tag
+    first = _field(1, log_id.encode()) + EMPTY[2] * 4_000_000 + session + _varint(1)
+    err, elapsed, growth = refusal(sidecar, "Append", first)
+    assert_bounded(err, elapsed, growth, InvalidArgument)
+    started = time.monotonic()
+    err = error_of(
+        sidecar.stub.Append,
+        pb.AppendRequest(
+            log_id=log_id,
+            changes=[pb.KeyGroupChanges(key_group=1, count=1, sizes=b"\x01\0\0\0", payload=b"x")],
+            session=12345,
+            seq=2,
+        ),
+    )
+    assert isinstance(err, WriterFailed) and "call 1 " in err.message, err
+    assert time.monotonic() - started < ANSWER_WITHIN_S
 
 
 def test_a_session_message_of_millions_of_parts_ends_the_stream_at_once(

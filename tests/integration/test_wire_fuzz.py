@@ -2,8 +2,10 @@
 
 Runs :mod:`loadtest.wire_fuzz` against a real ``dstl-server`` process for
 ``FUZZ_DURATION_S`` seconds: raw requests with random log ids, numbers up to
-2^64-1, empty/inconsistent/huge parts, hostile ``ReadChanges`` handles and
-garbage bytes. Every call must end OK or with a typed error within 10 s, the
+2^64-1, empty/inconsistent/huge parts, hostile ``ReadChanges`` handles,
+``Forward`` sections, garbage bytes, and the amplification shapes (handles
+padded with empty entries, millions of blank parts, empty discard keys and
+empty forwarded sections). Every call must end OK or with a typed error within 10 s, the
 ordered writers must never be told a call was lost, the server must stay
 healthy and within its memory bound, and a bystander writer of another job
 must read back byte-exact afterwards. The seed is random and printed on
@@ -61,5 +63,6 @@ def test_wire_fuzz(tmp_path: Path) -> None:
         "CloseWriter",
         "ReadChanges",
         "DiscardObjects",
+        "Forward",
     }, explain
     assert report.calls >= 200 and report.by_kind["OK"] >= 50, explain

@@ -8,14 +8,24 @@ choices (the requests also depend on the server's answers).
 from __future__ import annotations
 
 from loadtest.wire_fuzz.gen.base import GenBase
+from loadtest.wire_fuzz.gen.forward import ForwardCalls
 from loadtest.wire_fuzz.gen.garbage import GarbageCalls
 from loadtest.wire_fuzz.gen.jobs import JobCalls
 from loadtest.wire_fuzz.gen.parts import PartsGen
 from loadtest.wire_fuzz.gen.read import ReadCalls
 from loadtest.wire_fuzz.gen.writer import WriterCalls
 
-__all__ = ["GarbageCalls", "Gen", "GenBase", "JobCalls", "PartsGen", "ReadCalls", "WriterCalls"]
+__all__ = [
+    "ForwardCalls",
+    "GarbageCalls",
+    "Gen",
+    "GenBase",
+    "JobCalls",
+    "PartsGen",
+    "ReadCalls",
+    "WriterCalls",
+]
 
 
-class Gen(WriterCalls, ReadCalls, JobCalls, GarbageCalls):
+class Gen(WriterCalls, ReadCalls, JobCalls, ForwardCalls, GarbageCalls):
     """Every request the fuzzer sends. Belongs to one worker thread (not thread-safe)."""

@@ -1,7 +1,7 @@
 """Requests of the job-scoped RPCs: ``DiscardObjects`` and ``ListObjects``.
 
 Own, other, traversing, absolute and malformed object keys, page tokens and
-job ids; too many keys; huge page sizes.
+job ids; too many keys (up to a million empty ones); huge page sizes.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from dstl_client.core._pb import dstl_pb2 as pb
 from loadtest.wire_fuzz.calls import Call
-from loadtest.wire_fuzz.encoding import describe
+from loadtest.wire_fuzz.encoding import describe, tag, varint
 from loadtest.wire_fuzz.gen.base import GenBase
 from loadtest.wire_fuzz.settings import BYSTANDER_JOB, FUZZ_JOBS, U32, KiB
 
@@ -51,7 +51,16 @@ class JobCalls(GenBase):
         own = [e.object_key for j, h in handles if j == job for e in h.entries]
         other = [e.object_key for j, h in handles if j != job for e in h.entries]
         mode = rng.choice(
-            ("own", "other", "traversal", "absolute", "too_many", "none", "empty_key")
+            (
+                "own",
+                "other",
+                "traversal",
+                "absolute",
+                "too_many",
+                "none",
+                "empty_key",
+                "many_empty_keys",
+            )
         )
         hx = self.hex32()
         kp = job if 0 < len(job) <= 128 else "x"  # huge job ids: short key prefixes
@@ -68,6 +77,11 @@ class JobCalls(GenBase):
             keys = [self.object_key(kp)] * 10_001
         elif mode == "none":
             keys = []
+        elif mode == "many_empty_keys":  # the probe's shape: 2 bytes per empty key
+            n = int(self.s.max_request_bytes * rng.uniform(0.2, 0.98)) // 2
+            msg = pb.DiscardObjectsRequest(job_id=job)
+            data = msg.SerializeToString() + (tag(2, 2) + varint(0)) * n
+            return Call("DiscardObjects", data, f"{describe(msg)} + {n} empty keys [{mode}]")
         else:
             keys = [""]
         msg = pb.DiscardObjectsRequest(job_id=job, object_keys=keys)

@@ -1,7 +1,7 @@
 """``ReadChanges`` requests: real handles (from the workers' persists) or synthetic
 ones, with random offsets, lengths, SQN and key-group ranges, foreign,
-traversing and absolute object keys, bad format versions and huge key-group
-lists.
+traversing and absolute object keys, bad format versions, huge key-group
+lists, and real handles padded with up to a million empty entries.
 """
 
 from __future__ import annotations
@@ -10,9 +10,12 @@ from collections.abc import Sequence
 
 from dstl_client.core._pb import dstl_pb2 as pb
 from loadtest.wire_fuzz.calls import Call
-from loadtest.wire_fuzz.encoding import c64, describe
+from loadtest.wire_fuzz.encoding import c64, describe, tag, varint
 from loadtest.wire_fuzz.gen.base import GenBase
 from loadtest.wire_fuzz.settings import BYSTANDER_JOB, FUZZ_JOBS, U32, U64, KiB
+
+#: one empty ``HandleEntry`` (field 8 of ``Handle``) on the wire
+_EMPTY_ENTRY = tag(8, 2) + varint(0)
 
 _MUTATIONS = (
     ("format_version", 6),
@@ -25,6 +28,7 @@ _MUTATIONS = (
     ("entry_sqn", 6),
     ("object_key", 12),
     ("many_entries", 3),
+    ("padded_entries", 3),
     ("no_entries", 2),
     ("key_groups", 10),
 )
@@ -68,17 +72,22 @@ class ReadCalls(GenBase):
         req = pb.ReadChangesRequest(batched=rng.random() < 0.5)
         labels: list[str] = []
         n_mut = 0 if rng.random() < 0.15 else rng.randint(1, 3)
+        padding = 0
         for _ in range(n_mut):
             m = self.weighted(_MUTATIONS)
             labels.append(m)
-            self._mutate(m, job, h, req, other_keys)
+            if m == "padded_entries":  # the probe's shape: 2 bytes per empty entry
+                padding = int(self.s.max_request_bytes * rng.uniform(0.2, 0.98)) // 2
+            else:
+                self._mutate(m, job, h, req, other_keys)
         req.handle.CopyFrom(h)
-        return Call(
-            "ReadChanges",
-            req.SerializeToString(),
-            f"{describe(req)} [{'+'.join(labels) or 'unchanged'}]",
-            streaming=True,
-        )
+        data = req.SerializeToString()
+        desc = f"{describe(req)} [{'+'.join(labels) or 'unchanged'}]"
+        if padding:  # the handle once more with the padding: protobuf merges the two
+            padded = h.SerializeToString() + _EMPTY_ENTRY * padding
+            data += tag(1, 2) + varint(len(padded)) + padded
+            desc += f" + {padding} empty entries"
+        return Call("ReadChanges", data, desc, streaming=True)
 
     def _mutate(
         self, m: str, job: str, h: pb.Handle, req: pb.ReadChangesRequest, other_keys: list[str]

@@ -126,6 +126,26 @@ def test_rows_dicts_and_numpy_scalars_encode_like_tuples() -> None:
     assert codec.dumps((3, pd.NA, 1.5, pd.NaT)) == codec.dumps((3, None, 1.5, None))
 
 
+def test_values_decode_as_sparks_state_clients_return_them() -> None:
+    """A tuple at the top (or a Row with ``loads_row``), nested structs as Rows with names."""
+    codec = RowCodec("n int, s struct<x: int, y: string>, l array<struct<p: int>>")
+    value = codec.loads(codec.dumps((1, {"x": 2, "y": "q"}, [(3,), None])))
+    assert type(value) is tuple
+    assert isinstance(value[1], Row) and value[1].asDict() == {"x": 2, "y": "q"}
+    assert value[2][0].asDict() == {"p": 3} and value[2][1] is None
+    as_row = codec.loads_row(codec.dumps(value))
+    assert isinstance(as_row, Row) and as_row.n == 1 and as_row.s.y == "q"
+
+
+def test_a_top_level_iterable_is_taken_as_its_items_as_spark_takes_it() -> None:
+    codec = RowCodec("name string")
+    assert codec.dumps("k") == codec.dumps(("k",)) == codec.dumps(iter(["k"]))
+    with pytest.raises(InvalidArgument, match="a str is taken as its characters"):
+        codec.dumps("key")
+    with pytest.raises(InvalidArgument):
+        codec.dumps(5)
+
+
 def test_equal_values_give_equal_bytes_whatever_the_insertion_order_of_maps() -> None:
     codec = RowCodec("m map<string, long>")
     assert codec.dumps(({"a": 1, "b": 2},)) == codec.dumps(({"b": 2, "a": 1},))

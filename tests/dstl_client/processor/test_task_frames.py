@@ -29,7 +29,8 @@ def test_each_key_gets_its_rows_in_arrival_order_with_a_fresh_range_index() -> N
     groups, n = _input_groups(spec(), table)
     assert n == 6
     full = table.to_pandas()
-    full["t"] = full["t"].dt.tz_convert("UTC").dt.tz_localize(None)
+    # as Spark hands them over: naive times in the session zone, in nanoseconds
+    full["t"] = full["t"].dt.tz_convert("UTC").dt.tz_localize(None).astype("datetime64[ns]")
     seen = []
     for key, frames in groups:
         (frame,) = list(frames)

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from dstl_client.core.errors import ConfigError, InvalidArgument
+from dstl_client.core.errors import ConfigError, DstlError, InvalidArgument
 from dstl_client.processor.conf import merged_options, option_name, options_of
 from dstl_client.processor.times import (
     BatchTimes,
+    batch_times,
     next_watermark,
     parse_duration_ms,
     read_offsets_entry,
@@ -74,6 +75,24 @@ def test_batch_times_come_from_the_offsets_log_entry(tmp_path: Path) -> None:
     assert timed.timer_values("EventTime").getCurrentWatermarkInMs() == 7_000
     with pytest.raises(InvalidArgument):
         times_from_offsets(["v1", "{}"], event_time=False)
+
+
+def test_late_rows_are_bounded_by_the_previous_batchs_watermark(tmp_path: Path) -> None:
+    """Spark's "watermark for late events": the previous batch's; timers use this batch's."""
+    offsets = tmp_path / "spark" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / "0").write_text("\n".join(_entry(0, 1_000)))
+    (offsets / "1").write_text("\n".join(_entry(20_000, 2_000)))
+    (offsets / "2").write_text("\n".join(_entry(50_000, 3_000)))
+    spark = str(tmp_path / "spark")
+    assert batch_times(spark, 2, None, event_time=True) == BatchTimes(
+        3_000, watermark_ms=50_000, late_watermark_ms=20_000
+    )
+    # the first batch has no previous one: its own watermark, as in Spark
+    assert batch_times(spark, 0, None, event_time=True).late_watermark_ms == 0
+    assert batch_times(spark, 1, None, event_time=False) == BatchTimes(processing_ms=2_000)
+    with pytest.raises(DstlError, match="no offsets log entry of batch 3"):
+        batch_times(spark, 3, None, event_time=True)
 
 
 def test_spark_dstl_keys_become_typed_options() -> None:

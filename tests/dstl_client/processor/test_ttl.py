@@ -112,6 +112,9 @@ class Misuse(StatefulProcessor):
             self.value.get()
         elif self.in_init == "drop":
             handle.deleteIfExists("l")
+            self.items = handle.getListState("l", "x long")  # declared anew: empty
+        elif self.in_init == "drop and use":
+            handle.deleteIfExists("l")  # self.items is gone: using it raises, as in Spark
 
     def handleInputRows(
         self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues
@@ -171,6 +174,7 @@ def test_states_have_sparks_methods_and_the_handle_enforces_its_rules(
         ("r3", "other schema", "other schema"),
         ("r4", "ttl without time", "ProcessingTime or EventTime"),
         ("r5", "read", "belong to a key"),
+        ("r6", "drop and use", "list state 'l' was deleted"),
     ]:
         bad = ProcessorHarness(
             coordinator(tmp_path / job, sidecar.address, job),
