@@ -1,0 +1,157 @@
+"""One sub-processor per Spark SQL type: the type in the input, in all three state kinds, in the output.
+
+Each :class:`TypeSub` reads its own input column (``c_<name>``), stores the
+value in a value state, twice in a list state and as a map state value (and
+key, for atomic types), reads everything back and outputs what it saw:
+the Python type of the input value (and the pandas dtype of its column),
+the values state gave back, their Python types, field access on nested
+structs, and the input value itself in its typed output column.
+
+Time mode None: the input, initial-state and timer values are all about types.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from collections.abc import Sequence
+from typing import Any
+
+from tests.compat._multiplex import DTYPES, OUTPUT_COLUMNS, Sub
+
+T0 = datetime.datetime(2024, 1, 1, 12, 30, 15, 123456, tzinfo=datetime.UTC)
+
+
+class TypeSub(Sub):
+    """The type ``ddl`` through input, state and output (see the module documentation)."""
+
+    def __init__(
+        self,
+        name: str,
+        ddl: str,
+        value: Any,
+        *,
+        map_key: bool = True,
+        in_state: bool = True,
+        in_output: bool = True,
+    ) -> None:
+        self.name = name
+        self.ddl = ddl
+        self.value = value
+        self.map_key = map_key
+        self.in_state = in_state
+        self.in_output = in_output
+        self.columns = (*OUTPUT_COLUMNS, self.column) if in_output else ()
+
+    @property
+    def column(self) -> str:
+        return f"c_{self.name}"
+
+    def init(self, handle: Any) -> None:
+        if not self.in_state:
+            return
+        self.v = handle.getValueState(f"{self.name}_v", f"x {self.ddl}")
+        self.l = handle.getListState(f"{self.name}_l", f"x {self.ddl}, i int")
+        key = f"x {self.ddl}" if self.map_key else "x string"
+        self.m = handle.getMapState(f"{self.name}_m", key, f"x {self.ddl}")
+
+    def rows(self, key: str, records: list[dict[str, Any]], timerValues: Any) -> Sequence[Any]:
+        out: list[Any] = []
+        for r in records:
+            x = r[self.column]
+            seen: list[Any] = ["input", _type(x), _repr(x), r.get(DTYPES, {}).get(self.column)]
+            if self.in_state and not key.endswith(":null"):
+                self.v.update((x,))
+                self.l.appendValue((x, 1))
+                self.l.appendList([(x, 2)])
+                mk = x if self.map_key else "k"
+                self.m.updateValue((mk,), (x,))
+                got = self.v.get()
+                listed = list(self.l.get())
+                entries = list(self.m.iterator())
+                seen += [
+                    "value",
+                    _repr(got),
+                    _type(got),
+                    _type(got[0] if got else None),
+                    _fields(got[0] if got else None),
+                    "list",
+                    _repr(listed),
+                    [_type(e) for e in listed],
+                    "map",
+                    _repr(entries),
+                    _repr(self.m.getValue((mk,))),
+                    self.m.containsKey((mk,)),
+                ]
+            if self.columns:
+                out.append({"seq": 0, "out": repr(seen), self.column: x})
+            else:
+                out.append(seen)
+        return out
+
+
+def _type(value: Any) -> str:
+    return type(value).__name__
+
+
+def _repr(value: Any) -> str:
+    """``repr`` with ``Row``\\ s and tuples told apart (a ``Row``'s repr names its fields)."""
+    return repr(value)
+
+
+def _fields(value: Any) -> Any:
+    """Field access on a struct value: ``asDict()`` and attribute access, if it has them."""
+    if hasattr(value, "asDict"):
+        return ("asDict", value.asDict(recursive=True))
+    return ("no asDict", _type(value))
+
+
+#: name, DDL, a value (the input column ``c_<name>``), options
+TYPES: tuple[TypeSub, ...] = (
+    TypeSub("bool", "boolean", True),
+    TypeSub("byte", "tinyint", -7),
+    TypeSub("short", "smallint", 300),
+    TypeSub("int", "int", -70_000),
+    TypeSub("long", "bigint", 2**40 + 3),
+    TypeSub("float", "float", 1.5),
+    TypeSub("double", "double", -2.25),
+    TypeSub("dec", "decimal(12,3)", decimal.Decimal("123456789.125")),
+    TypeSub("str", "string", "héllo"),
+    TypeSub("bin", "binary", b"\x00\xffab"),
+    TypeSub("date", "date", datetime.date(2024, 2, 29)),
+    TypeSub("ts", "timestamp", T0, in_output=False),
+    TypeSub("ntz", "timestamp_ntz", T0.replace(tzinfo=None), in_output=False),
+    TypeSub("arr", "array<int>", [1, None, 3], map_key=False),
+    TypeSub("map", "map<string,int>", {"a": 1, "b": None}, map_key=False),
+    TypeSub("struct", "struct<a:int,b:string>", {"a": 1, "b": "x"}, map_key=False),
+    TypeSub(
+        "nested",
+        "struct<s:struct<x:bigint>,l:array<struct<y:string>>>",
+        {"s": {"x": 5}, "l": [{"y": "p"}, {"y": "q"}]},
+        map_key=False,
+    ),
+)
+
+
+def input_schema() -> str:
+    return ", ".join(["k string", *(f"c_{t.name} {t.ddl}" for t in TYPES)])
+
+
+def output_schema() -> str:
+    cols = [f"c_{t.name} {t.ddl}" for t in TYPES if t.in_output]
+    return ", ".join(["k string, sub string, seq long, out string", *cols])
+
+
+def output_columns() -> tuple[str, ...]:
+    return (*OUTPUT_COLUMNS, *(f"c_{t.name}" for t in TYPES if t.in_output))
+
+
+def batches() -> list[list[tuple[Any, ...]]]:
+    """One batch: per type a key with its value and a key with a null, other columns null."""
+    rows: list[tuple[Any, ...]] = []
+    for i, t in enumerate(TYPES):
+        for suffix, value in (("1", t.value), ("null", None)):
+            row: list[Any] = [f"{t.name}:{suffix}"] + [None] * len(TYPES)
+            row[1 + i] = value
+            rows.append(tuple(row))
+    return [rows]
