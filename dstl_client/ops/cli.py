@@ -6,20 +6,27 @@
     dstl state get --key K [--batch N] [--serializer NAME=SPEC]
     dstl objects inspect KEY [--storage file:///root]
     dstl gc [--dry-run] [--grace-s S]
-    dstl config get | set NAME=VALUE...
+    dstl config get | set NAME=VALUE...   (checkpointInterval=10s checkpointTimeout=10min ...)
+    dstl --version
 
-Every command takes ``--checkpoint-dir`` (the query's; the metadata is
-found as the driver finds it) or ``--metadata-url``, ``--operator-id``,
-``--job-id``, the sidecar's ``--address``/``--token`` (``$DSTL_ADDRESS``,
-``$DSTL_TOKEN``, ``$DSTL_CA_FILE``) and ``--json``. Output is a readable
+Every command but ``config`` takes ``--checkpoint-dir`` (the query's; the
+metadata is found as the driver finds it) or ``--metadata-url``,
+``--operator-id``, ``--job-id``, the sidecar's ``--address`` (``$DSTL_ADDRESS``,
+``$DSTL_CA_FILE``) and ``--json``. ``config`` needs only ``--rest-url``
+(``$DSTL_REST_URL``) and ``--job-id``. Secrets are never flags (a flag is
+visible in ``ps``): the sidecar's token comes from ``$DSTL_TOKEN`` or
+``--token-file``, the REST endpoint's from ``$DSTL_CONFIG_TOKEN`` or
+``--config-token-file`` (:mod:`dstl_client.ops.tokens`). No flag may be
+abbreviated (``--check`` is not ``--checkpoint-dir``). Output is a readable
 table, or JSON with ``--json``; progress of long operations goes to stderr
 when it is a terminal.
 
 Errors: one line on stderr, ``dstl: error: ...``; exit code 2 for usage and
 configuration errors (a bad flag, a missing ``--yes``, an unknown batch or
 operator, a metadata location without a record of the job, a corrupt
-checkpoint record or overrides file, named), 1 for operational failures (the
-sidecar, the store, a corrupt object). ``dstl gc`` deletes nothing unless it
+checkpoint record or overrides file, named; the REST endpoint's 400, 401, 404), 1
+for operational failures (the sidecar, the store, a corrupt object; the REST
+endpoint's 409, 503, or no answer). ``dstl gc`` deletes nothing unless it
 has read at least one checkpoint record of the job at the metadata location. Expected errors (:class:`~dstl_client.core.errors.DstlError`)
 never print a traceback.
 """
@@ -31,8 +38,6 @@ import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -44,13 +49,18 @@ from dstl_client.coordinator.lifecycle import (
     job_references,
     restore_checkpoint,
 )
+from dstl_client.coordinator.overrides import FIELDS
 from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.coordinator.storage import CheckpointMissing
 from dstl_client.core.errors import ConfigError, DstlError, InvalidArgument
+from dstl_client.core.version import package_version
 from dstl_client.keygroups import key_group_for_key
 from dstl_client.ops import render
 from dstl_client.ops.context import REST_URL_ENV, RETAINED, JobContext, Listed
+from dstl_client.ops.driver_rest import DriverEndpoint, parse_settings
 from dstl_client.ops.inspect import SectionInfo, inspect_file, inspect_via_sidecar, object_path
+from dstl_client.ops.tokens import CONFIG_TOKEN_ENV, RemovedSecretFlag, resolve_token
+from dstl_client.state.clients import ADDRESS_ENV, TOKEN_ENV
 
 PROG = "dstl"
 #: usage and configuration errors
@@ -64,7 +74,26 @@ class UsageError(ConfigError):
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse that never expands an abbreviated flag, with one-line errors (exit 2).
+
+    Every parser and subparser of ``dstl`` is one (``parser_class``): an
+    abbreviation is matched by the parser that reads it, so each needs
+    ``allow_abbrev=False``. An unrecognized argument is named, its value never
+    echoed (it may be a secret).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False  # "--check" must not silently mean "--checkpoint-dir"
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
+        unrecognized = "unrecognized arguments: "
+        if message.startswith(unrecognized):
+            words = message[len(unrecognized) :].split()
+            names = [w.split("=", 1)[0] for w in words if w.startswith("-")]
+            message = unrecognized + (" ".join(names) or f"{len(words)} positional value(s)")
+            if names:
+                message += " (flags are never abbreviated)"
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
@@ -520,102 +549,64 @@ def cmd_gc(ctx: JobContext, out: TextIO) -> int:
 
 # ----------------------------------------------------------------- config
 
-_DURATIONS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
-_CONFIG_NAMES = {
-    "checkpointTimeout": "checkpointTimeout",
-    "checkpoint-timeout": "checkpointTimeout",
-    "materializationInterval": "materializationInterval",
-    "materialization-interval": "materializationInterval",
-}
 
-
-def _millis(name: str, text: str) -> int:
-    t = text.strip()
-    for unit in sorted(_DURATIONS, key=len, reverse=True):
-        if t.endswith(unit) and t[: -len(unit)].strip():
-            number = t[: -len(unit)].strip()
-            break
-    else:
-        unit, number = "ms", t
-    try:
-        value = float(number) * _DURATIONS[unit]
-    except ValueError:
-        raise UsageError(f"{name}={text!r}: a duration, e.g. 60000, 60s, 10min") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise UsageError(f"{name}={text!r}: must be > 0")
-    return round(value)
-
-
-def _rest(ctx: JobContext, method: str, body: dict[str, Any] | None) -> dict[str, Any]:
-    base = ctx.args.rest_url or os.environ.get(REST_URL_ENV, "")
+def _endpoint(ctx: JobContext) -> DriverEndpoint:
+    """The driver's REST endpoint of the job: ``--rest-url`` (or ``$DSTL_REST_URL``), the token."""
+    args = ctx.args
+    base = args.rest_url or os.environ.get(REST_URL_ENV, "")
     if not base:
         raise UsageError(
             f"where is the driver? give --rest-url http://HOST:PORT (the query's config_port) "
             f"or set {REST_URL_ENV}"
         )
-    path = "config" if method == "GET" else "configuration"
-    url = f"{base.rstrip('/')}/jobs/{ctx.job_id}/checkpoints/{path}"
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=ctx.args.timeout_s) as resp:
-            doc = json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        with exc:  # an error response holds the connection until closed
-            try:
-                answer = json.loads(exc.read())
-            except ValueError:
-                answer = None
-        reason = answer.get("error", "") if isinstance(answer, dict) else ""
-        message = f"{method} {url}: HTTP {exc.code}" + (f": {reason}" if reason else "")
-        if exc.code == 400:
-            raise UsageError(message) from None
-        raise _Failed(message) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise _Failed(f"{method} {url}: {getattr(exc, 'reason', exc)}") from None
-    if not isinstance(doc, dict):
-        raise _Failed(f"{method} {url}: the answer is not a JSON object")
-    return doc
+    token = resolve_token(args.config_token_file, "--config-token-file", CONFIG_TOKEN_ENV)
+    return DriverEndpoint(base, ctx.job_id, token, args.timeout_s, token_env=CONFIG_TOKEN_ENV)
 
 
-class _Failed(DstlError):
-    """An operational failure outside the sidecar (the driver's REST endpoint)."""
-
-    kind = "ops_failed"
+def _duration_text(ms: Any) -> str:
+    if not isinstance(ms, int) or isinstance(ms, bool):
+        return str(ms)
+    if ms == 0:
+        return "0"
+    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms} ({ms // size}{unit})"
+    return f"{ms} ({ms}ms)"
 
 
 def _show_config(ctx: JobContext, doc: dict[str, Any], out: TextIO) -> int:
     if ctx.args.json:
         render.emit_json(doc, out)
         return 0
-    render.fields([(k, doc[k]) for k in sorted(doc)], out)
+    sources = doc.get("sources")
+    sources = sources if isinstance(sources, dict) else {}
+    known = [f for f in FIELDS if f in doc]
+    rest = [k for k in sorted(doc) if k not in known and k != "sources"]
+    render.fields([(k, doc[k]) for k in rest], out)
+    out.write("\n")
+    render.table(
+        ("SETTING", "MS", "SOURCE"),
+        [(f, _duration_text(doc[f]), sources.get(f, "?")) for f in known],
+        out,
+    )
     return 0
 
 
 def cmd_config_get(ctx: JobContext, out: TextIO) -> int:
-    return _show_config(ctx, _rest(ctx, "GET", None), out)
+    return _show_config(ctx, _endpoint(ctx).get(), out)
 
 
 def cmd_config_set(ctx: JobContext, out: TextIO) -> int:
-    body: dict[str, int] = {}
-    for item in ctx.args.settings:
-        name, sep, value = item.partition("=")
-        if not sep or name not in _CONFIG_NAMES:
-            raise UsageError(
-                f"{item!r}: give NAME=VALUE with NAME checkpointTimeout or "
-                "materializationInterval, e.g. checkpointTimeout=10min"
-            )
-        body[_CONFIG_NAMES[name]] = _millis(name, value)
-    return _show_config(ctx, _rest(ctx, "PATCH", body), out)
+    body = parse_settings(ctx.args.settings)
+    return _show_config(ctx, _endpoint(ctx).patch(body), out)
 
 
 # ----------------------------------------------------------------- parser
 
 
-def _common() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
+def _where() -> argparse.ArgumentParser:
+    """The options naming the job (every command; ``config`` needs only ``--job-id``)."""
+    p = _Parser(add_help=False)
     g = p.add_argument_group("where the job is")
     g.add_argument(
         "--checkpoint-dir",
@@ -629,12 +620,47 @@ def _common() -> argparse.ArgumentParser:
         default=None,
         help=f"the keyed operator (default: {DEFAULT_OPERATOR!r}; list: all of them)",
     )
-    g.add_argument("--job-id", help="the job's id at the sidecar (default: from its records)")
-    s = p.add_argument_group("the sidecar")
-    s.add_argument("--address", help="host:port or unix:///path (default: $DSTL_ADDRESS)")
-    s.add_argument("--token", help="job or admin token (default: $DSTL_TOKEN)")
-    s.add_argument("--timeout-s", type=float, default=30.0, help="per call (default 30)")
+    g.add_argument("--job-id", help="the job's id (default: from its records)")
     p.add_argument("--json", action="store_true", help="JSON output for scripts")
+    return p
+
+
+def _sidecar() -> argparse.ArgumentParser:
+    """The options reaching a sidecar (every command but ``config``)."""
+    p = _Parser(add_help=False)
+    s = p.add_argument_group("the sidecar")
+    s.add_argument("--address", help=f"host:port or unix:///path (default: ${ADDRESS_ENV})")
+    s.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help=f"a file holding the job or admin token (default: ${TOKEN_ENV}; never a flag)",
+    )
+    s.add_argument(
+        "--token",
+        action=RemovedSecretFlag,
+        replacement=f"set {TOKEN_ENV} or give --token-file PATH",
+    )
+    s.add_argument("--timeout-s", type=float, default=30.0, help="per call (default 30)")
+    return p
+
+
+def _driver() -> argparse.ArgumentParser:
+    """The options reaching the driver's REST endpoint (``config``)."""
+    p = _Parser(add_help=False)
+    d = p.add_argument_group("the driver's REST endpoint")
+    d.add_argument("--rest-url", help=f"http://HOST:PORT of the driver (default: ${REST_URL_ENV})")
+    d.add_argument(
+        "--config-token-file",
+        metavar="PATH",
+        help=f"a file holding the endpoint's config_token (default: ${CONFIG_TOKEN_ENV}; "
+        "needed off loopback; never a flag)",
+    )
+    d.add_argument(
+        "--config-token",
+        action=RemovedSecretFlag,
+        replacement=f"set {CONFIG_TOKEN_ENV} or give --config-token-file PATH",
+    )
+    d.add_argument("--timeout-s", type=float, default=30.0, help="per call (default 30)")
     return p
 
 
@@ -642,18 +668,26 @@ Command = Callable[[JobContext, TextIO], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _common()
+    common = [_where(), _sidecar()]
     parser = _Parser(
         prog=PROG,
-        description="Operate jobs with keyed state on the DSTL: checkpoints, state, objects.",
+        description="Operate jobs with keyed state on the DSTL: checkpoints, state, objects, "
+        "and the running driver's checkpoint configuration.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     top = parser.add_subparsers(
         dest="group", required=True, metavar="COMMAND", parser_class=_Parser
     )
 
-    def leaf(sub: Any, name: str, fn: Command, help_text: str) -> argparse.ArgumentParser:
+    def leaf(
+        sub: Any,
+        name: str,
+        fn: Command,
+        help_text: str,
+        parents: Sequence[argparse.ArgumentParser] = common,
+    ) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(
-            name, parents=[common], help=help_text, description=help_text
+            name, parents=list(parents), help=help_text, description=help_text
         )
         p.set_defaults(fn=fn)
         return p
@@ -694,8 +728,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--serializer",
         action="append",
         metavar="NAME=SPEC",
-        help="decode state NAME: int64, float64, bool, str, bytes, json, pickle, a,b (a tuple), "
-        "list:S, reducing:S, map:K:V",
+        help="decode state NAME: int64, float64, bool, str, bytes, json, a,b (a tuple), "
+        "list:S, reducing:S, map:K:V (pickle is not offered: unpickling runs code)",
     )
     p.add_argument(
         "--serializers", metavar="MODULE:ATTR", help="the job's own {state name: serializer}"
@@ -722,16 +756,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     cf = top.add_parser("config", help="the running driver's checkpoint configuration (REST)")
     cf_sub = cf.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=_Parser)
-    for name, fn, text in (
-        ("get", cmd_config_get, "the values in force"),
-        ("set", cmd_config_set, "change checkpointTimeout / materializationInterval"),
-    ):
-        p = leaf(cf_sub, name, fn, text)
-        p.add_argument(
-            "--rest-url", help=f"http://HOST:PORT of the driver (default ${REST_URL_ENV})"
-        )
-        if name == "set":
-            p.add_argument("settings", nargs="+", metavar="NAME=VALUE")
+    driver = [_where(), _driver()]
+    leaf(cf_sub, "get", cmd_config_get, "the values in force and their sources", driver)
+    p = leaf(
+        cf_sub,
+        "set",
+        cmd_config_set,
+        "change checkpointInterval / checkpointTimeout / materializationInterval",
+        driver,
+    )
+    p.add_argument(
+        "settings",
+        nargs="+",
+        metavar="NAME=VALUE",
+        help="checkpointInterval, checkpointTimeout or materializationInterval = a duration: "
+        "500ms, 5s, 10min, 2h, or plain milliseconds",
+    )
     return parser
 
 

@@ -32,6 +32,7 @@ from dstl_client.coordinator.metadata import (
 from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.coordinator.storage import CheckpointMissing, CheckpointStorage
 from dstl_client.core.errors import ConfigError
+from dstl_client.ops.tokens import resolve_token
 from dstl_client.state.clients import ADDRESS_ENV, CA_FILE_ENV, TOKEN_ENV
 
 #: where ``dstl config`` finds the driver's REST endpoint by default
@@ -58,16 +59,25 @@ class JobContext:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.checkpoint_dir: str = args.checkpoint_dir or ""
-        if not self.checkpoint_dir and not args.metadata_url:
-            raise ConfigError(
-                "where is the job? give --checkpoint-dir (the query's checkpoint_dir) or "
-                "--metadata-url (its metadata_url)"
-            )
-        self.location = metadata_location(self.checkpoint_dir, args.metadata_url or "")
         self._store: MetadataStore | None = None
         self._client: ChangelogClient | None = None
 
     # ------------------------------------------------------------ metadata
+    @property
+    def located(self) -> bool:
+        """Whether the command line says where the job's metadata is."""
+        return bool(self.checkpoint_dir or self.args.metadata_url)
+
+    @property
+    def location(self) -> str:
+        """The metadata location (:class:`ConfigError` when the command line gives none)."""
+        if not self.located:
+            raise ConfigError(
+                "where is the job? give --checkpoint-dir (the query's checkpoint_dir) or "
+                "--metadata-url (its metadata_url)"
+            )
+        return metadata_location(self.checkpoint_dir, self.args.metadata_url or "")
+
     @property
     def store(self) -> MetadataStore:
         if self._store is None:
@@ -160,6 +170,11 @@ class JobContext:
     def job_id(self) -> str:
         if self.args.job_id:
             return str(self.args.job_id)
+        if not self.located:
+            raise ConfigError(
+                "which job? give --job-id (the query's job_id), or --checkpoint-dir / "
+                "--metadata-url to read it from the job's records"
+            )
         try:
             for listed in self.records():
                 return listed.record.job_id
@@ -190,7 +205,7 @@ class JobContext:
                     f"no sidecar address: give --address or set {ADDRESS_ENV} (objects are "
                     "read, listed and discarded through a sidecar)"
                 )
-            token = self.args.token or os.environ.get(TOKEN_ENV) or None
+            token = resolve_token(self.args.token_file, "--token-file", TOKEN_ENV)
             ca_file = os.environ.get(CA_FILE_ENV) or None
             roots = None
             if ca_file:

@@ -2,7 +2,7 @@
 
 ``--serializer NAME=SPEC`` (repeatable), SPEC one of::
 
-    int64 | float64 | bool | str | bytes | json | pickle     a value (or reducing) state
+    int64 | float64 | bool | str | bytes | json              a value (or reducing) state
     a,b,...                                                 a tuple of those
     value:S | reducing:S | list:S                           that kind of state, elements S
     map:K:V                                                 a map state, keys K, values V
@@ -10,6 +10,11 @@
 ``--serializers module:attribute`` imports the job's own mapping of state
 names to serializers or :class:`~dstl_client.spark.state_reader.StateSpec`
 (what ``read_state(serializers=...)`` takes); ``--serializer`` entries win.
+
+``pickle`` is not offered: the bytes come from storage, and unpickling runs
+whatever code they name, so an operator reading a key must not execute what
+anyone with write access to the store put there. A job whose states are
+pickled names its own serializers with ``--serializers`` (its code, its risk).
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ from dstl_client.state.serializers import (
     FLOAT64,
     INT64,
     JSON,
-    PICKLE,
     STR,
     Serializer,
     TupleSerializer,
@@ -38,12 +42,19 @@ SCALARS: dict[str, Serializer[Any]] = {
     "str": STR,
     "bytes": BYTES,
     "json": JSON,
-    "pickle": PICKLE,
+}
+#: names refused with a reason rather than "unknown"
+REFUSED = {
+    "pickle": "unpickling bytes read from storage runs whatever code they name; name the "
+    "job's own serializers with --serializers MODULE:ATTR instead",
 }
 
 
 def scalar(text: str) -> Serializer[Any]:
     names = [t.strip() for t in text.split(",")]
+    for n in names:
+        if n in REFUSED:
+            raise ConfigError(f"serializer {n!r} is not offered: {REFUSED[n]}")
     unknown = [n for n in names if n not in SCALARS]
     if unknown or not names:
         raise ConfigError(

@@ -15,6 +15,7 @@ from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.local import checkpoint_rows
 from dstl_client.coordinator.rest import CheckpointConfigServer
 from dstl_client.coordinator.storage import CheckpointStorage
+from dstl_client.core.version import package_version
 from dstl_client.keygroups import key_group_for_key
 from dstl_server.testing import ServerProcess
 from tests.dstl_client.ops._helpers import BATCHES, Job, dstl
@@ -315,36 +316,23 @@ def test_cancel_with_delete_on_cancellation_disposes_of_the_operator(
 # ----------------------------------------------------------------- config
 
 
-def test_config_get_and_set_through_the_drivers_rest_endpoint(
+def test_config_takes_the_job_id_beside_the_checkpoint_dir_and_no_sidecar_flags(
     tmp_path: Path, sidecar: ServerProcess
 ) -> None:
     job = Job(tmp_path, sidecar.address, "ops-config")
     coord = job.coordinator(checkpoint_timeout_s=60)
-    server = CheckpointConfigServer()
+    server = CheckpointConfigServer()  # loopback, no token: none is sent
     try:
         server.register(coord)
         url = ["--rest-url", f"http://127.0.0.1:{server.port}", "--job-id", "ops-config"]
-        r = dstl("config", "get", *url, *job.where())
-        assert r.code == 0, r.err
-        assert "checkpointTimeout:" in r.out and "60000" in r.out
-        r = dstl(
-            "config",
-            "set",
-            "checkpointTimeout=90s",
-            "materializationInterval=2min",
-            "--json",
-            *url,
-            *job.where(),
-        )
+        where = ["--checkpoint-dir", str(job.checkpoint_dir)]
+        r = dstl("config", "set", "checkpointTimeout=90s", "--json", *url, *where)
         assert r.code == 0, r.err
         assert r.json()["checkpointTimeout"] == 90_000
-        assert r.json()["materializationInterval"] == 120_000
         assert coord.config.checkpoint_timeout_s == 90
-        bad = dstl("config", "set", "checkpointInterval=5s", *url, *job.where())
-        assert bad.code == 2 and "checkpointTimeout or materializationInterval" in bad.err
-        other = ["--rest-url", f"http://127.0.0.1:{server.port}", "--job-id", "nope"]
-        missing = dstl("config", "get", *other, *job.where())
-        assert missing.code == 1 and "HTTP 404" in missing.err and "unknown job" in missing.err
+        # the sidecar's flags are not config's: named, refused
+        r = dstl("config", "get", *url, "--address", sidecar.address)
+        assert r.code == 2 and "unrecognized arguments: --address" in r.err
     finally:
         server.close()
         coord.close()
@@ -389,3 +377,7 @@ def test_the_installed_console_script(job: Job) -> None:
         check=False,
     )
     assert usage.returncode == 2 and "invalid choice" in usage.stderr
+    version = subprocess.run(
+        [str(script), "--version"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert version.returncode == 0 and version.stdout == f"dstl {package_version()}\n"
