@@ -1,10 +1,15 @@
-"""Changing the checkpoint interval of a running job with plain HTTP calls: the trigger
-switches between two batches in the same driver, and the results stay exactly-once."""
+"""Changing the checkpoint interval of a running job through its token-protected REST
+endpoint, with the operator's ``dstl config set`` (the token in the environment, as an
+operator would give it): the trigger switches between two batches in the same driver,
+and the results stay exactly-once."""
 
 from __future__ import annotations
 
 import functools
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.request
 from datetime import datetime
@@ -28,13 +33,31 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 ROWS, KEYS = 400, 50
 NEW_INTERVAL_MS = 4000
+TOKEN = "e2e-config-token-7Hq2xPz"
 
 
 def http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return resp.status, json.loads(resp.read())
+
+
+def dstl_cli(*argv: str, token: str | None) -> subprocess.CompletedProcess[str]:
+    """The operator's ``dstl`` in a process of its own; the token only in its environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSTL_")}
+    if token is not None:
+        env["DSTL_CONFIG_TOKEN"] = token
+    return subprocess.run(
+        [sys.executable, "-m", "dstl_client.ops.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
 
 
 def start_job(
@@ -50,19 +73,35 @@ def test_a_new_checkpoint_interval_switches_the_trigger_without_restarting_spark
 ) -> None:
     batches = 8  # input files; the new run gets several of them whenever the switch lands
     app_id = spark.sparkContext.applicationId
-    q = start_job(spark, tmp_path, sidecar, batches, "rest-interval", agg, config_port=0)
+    q = start_job(
+        spark,
+        tmp_path,
+        sidecar,
+        batches,
+        "rest-interval",
+        agg,
+        config_port=0,
+        config_token=TOKEN,  # as off loopback: every request needs it
+    )
     try:
         assert q.config_server is not None
-        url = (
-            f"http://127.0.0.1:{q.config_server.port}/jobs/rest-interval/checkpoints/configuration"
-        )
+        base = f"http://127.0.0.1:{q.config_server.port}"
+        url = f"{base}/jobs/rest-interval/checkpoints/configuration"
         q.wait_for_batch(1, timeout_s=180)
         first_query = q.query
         status, doc = http("GET", url)
         assert status == 200 and doc["checkpointInterval"] == 0
         assert doc["sources"]["checkpointInterval"] == "default"
-        status, doc = http("PATCH", url, {"checkpointInterval": NEW_INTERVAL_MS})
-        assert status == 200 and doc["checkpointInterval"] == NEW_INTERVAL_MS
+        # the operator's CLI: only the URL and the job id; without the token, refused
+        where = ["--rest-url", base, "--job-id", "rest-interval"]
+        setting = f"checkpointInterval={NEW_INTERVAL_MS // 1000}s"
+        refused = dstl_cli("config", "set", setting, *where, token=None)
+        assert refused.returncode == 2 and "HTTP 401" in refused.stderr, refused.stderr
+        assert q.switches == []
+        done = dstl_cli("config", "set", setting, "--json", *where, token=TOKEN)
+        assert done.returncode == 0, done.stderr
+        doc = json.loads(done.stdout)
+        assert doc["checkpointInterval"] == NEW_INTERVAL_MS
         assert doc["sources"]["checkpointInterval"] == "override"
         try:
             groups = wait_for_all_input(
