@@ -1,11 +1,14 @@
-"""The ``dstl-server`` command line: flags, ``DSTL_*`` variables, config errors."""
+"""The ``dstl-server`` command line: flags, ``DSTL_*`` variables, config errors (and, with
+``dstl``, no abbreviated flags in either CLI)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -193,3 +196,33 @@ def test_address_in_use_is_a_clear_error(tmp_path: Path) -> None:
         assert res.returncode == 1
         assert f"cannot serve metrics on 127.0.0.1:{proc.metrics_port}" in res.stderr
         assert "Traceback" not in res.stderr and "Exception ignored" not in res.stderr
+
+
+def _every_parser(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """``parser`` and every subparser under it (a subparser reads its own flags)."""
+    yield parser.prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _every_parser(sub)
+
+
+def test_neither_cli_accepts_an_abbreviated_flag() -> None:
+    from dstl_client.ops.cli import build_parser as dstl_parser
+    from dstl_server.cli import build_parser as server_parser
+
+    for build in (server_parser, dstl_parser):
+        parsers = dict(_every_parser(build()))
+        assert [name for name, p in parsers.items() if p.allow_abbrev] == []
+    # "--print-conf" would be "--print-config", "--check" "--checkpoint-dir"
+    res = run_cli("--print-conf")
+    assert res.returncode == 2 and "unrecognized arguments: --print-conf" in res.stderr
+    res = subprocess.run(
+        [sys.executable, "-m", "dstl_client.ops.cli", "checkpoints", "list", "--check", "/x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_clean_env(),
+    )
+    assert res.returncode == 2 and "unrecognized arguments: --check" in res.stderr
+    assert "/x" not in res.stderr and len(res.stderr.splitlines()) == 1
