@@ -58,3 +58,29 @@ def test_demo_fails_loudly_and_stops_the_sidecar(tmp_path: Path) -> None:
     assert "FAILED" in proc.stderr and "ChangeTooLarge" in proc.stderr
     assert "OK: all bytes verified" not in proc.stdout
     assert _servers_under(tmp_path) == []
+
+
+CHAINED = REPO / "examples" / "processor_chained.py"
+
+
+@pytest.mark.spark
+def test_chained_processor_example_runs_as_pasted(tmp_path: Path) -> None:
+    """An event-time processor emitting timestamps, chained into a windowed aggregation."""
+    env = {k: v for k, v in os.environ.items() if k != "TMPDIR"}
+    proc = subprocess.run(
+        [sys.executable, str(CHAINED)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**env, "TMPDIR": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("  ")]
+    # windows closed, in order, each 10 s long, every session counted once: the windows
+    # hold sessions with at least one click each
+    assert len(rows) >= 2
+    starts = [r[0] for r in rows]
+    assert starts == sorted(starts)
+    assert all(int(r[2]) >= 1 and int(r[3]) >= int(r[2]) for r in rows)
+    assert _servers_under(tmp_path) == []

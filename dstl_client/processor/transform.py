@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
@@ -37,13 +38,22 @@ from dstl_client.processor.api import time_mode_of
 from dstl_client.processor.codec import RowCodec
 from dstl_client.processor.conf import merged_options
 from dstl_client.processor.layout import check_state_name
+from dstl_client.processor.pipeline import (
+    GroupedOutput,
+    ProcessorOutput,
+    Segment,
+    apply_steps,
+    check_event_times,
+    check_output_event_time_column,
+)
 from dstl_client.processor.progress import ProcessorQuery
 from dstl_client.processor.runner import KEY_DECODERS, ProcessorTask
 from dstl_client.processor.sinks import WriteSpec, make_sink
 from dstl_client.processor.stats import BatchFigures
 from dstl_client.processor.task import INIT_COLUMN, ProcessorTaskSpec, processor_task, stats_of
 from dstl_client.processor.times import BatchTimes, batch_times, parse_duration_ms
-from dstl_client.processor.writer import OUTPUT_MODES, ProcessorStream
+from dstl_client.processor.writer import OUTPUT_MODES
+from dstl_client.spark.chain import ChainLink, ChainQuery, run_chain, stage_options
 from dstl_client.spark.keyed import (
     BatchHooks,
     KeyedSchemas,
@@ -74,6 +84,7 @@ def transform_with_state(
     count_state_rows: bool = True,
     config: KeyedOptions | None = None,
     execution_mode: str = "auto",
+    output_event_time_column: str | None = None,
     **options: Any,
 ) -> Any:
     """Run ``processor`` per key and micro-batch; write its output with ``.writeStream``.
@@ -108,9 +119,20 @@ def transform_with_state(
     The processor's ``init`` runs once here (on a copy) to check its state
     declarations, as Spark's driver does.
 
+    ``output_event_time_column`` (Spark's ``eventTimeColumnName``): the
+    output's event-time column (a timestamp), the event time of the stages
+    after this one, with the query's watermark; no output row may lie at or
+    before the watermark for late rows (as in Spark).
+
     A bounded DataFrame (or ``execution_mode="sorted"``) runs in sorted
     single-key mode (:func:`dstl_client.bounded.process_bounded`) and the
-    result is a DataFrame; otherwise a :class:`ProcessorStream`.
+    result is a DataFrame; otherwise a :class:`~.pipeline.ProcessorOutput`:
+    written with ``.writeStream``, or followed by stateless steps
+    (``.then(fn)``, ``.select``, ``.where``...) or by another stateful
+    stage: ``data`` may be such an output (or its ``groupBy(key)``); that
+    stage's options are ``operator_id`` (default ``<first stage's>-<n>``,
+    its position), ``parallelism`` and ``max_parallelism``, the rest is the
+    query's, given to the first stage or the writer (:mod:`.pipeline`).
     """
     from pyspark import cloudpickle
 
@@ -123,31 +145,65 @@ def transform_with_state(
             f"transform_with_state() got unexpected keyword arguments {unknown}; "
             f"the query's options are {sorted(known)}"
         )
-    df, key = _grouping(data, key)
-    if sorted_mode(df, execution_mode):
-        return process_bounded(
-            df,
-            key=key,
-            processor=processor,
-            output_schema=output_schema,
-            time_mode=time_mode,
-            event_time_column=event_time_column,
-            use_pandas=use_pandas,
-            initial_state=initial_state,
-            config=config,
-            **options,
-        )
-    if not df.isStreaming:
-        raise ConfigError("transform_with_state needs a streaming DataFrame")
-    kind = _key_kind(df, key)
     mode = _time_mode(time_mode)
+    found = _upstream(data, key)
+    upstream = None if found is None else found[0]
+    if found is not None:
+        upstream, key = found
+        if execution_mode not in ("auto", "streaming"):
+            raise ConfigError(
+                f"execution_mode={execution_mode!r}: a stage after transform_with_state "
+                "runs in the same streaming query"
+            )
+        if config is not None or set(options) - STAGE_OPTIONS:
+            raise ConfigError(
+                f"a stage after transform_with_state takes {sorted(STAGE_OPTIONS)}; "
+                f"the query's other options go to the first stage or the writer, not "
+                f"{sorted(set(options) - STAGE_OPTIONS) or ['config']}"
+            )
+        session = upstream.session
+        df = session.createDataFrame([], upstream.schema)  # the stage's input, for its checks
+        event_time_column = _inherited_event_time(
+            upstream, mode, event_time_column, watermark_delay
+        )
+    else:
+        df, key = _grouping(data, key)
+        if sorted_mode(df, execution_mode):
+            if output_event_time_column is not None:
+                raise ConfigError(
+                    "output_event_time_column: a bounded input runs in sorted mode "
+                    "and its result is a DataFrame"
+                )
+            return process_bounded(
+                df,
+                key=key,
+                processor=processor,
+                output_schema=output_schema,
+                time_mode=time_mode,
+                event_time_column=event_time_column,
+                use_pandas=use_pandas,
+                initial_state=initial_state,
+                config=config,
+                **options,
+            )
+        if not df.isStreaming:
+            raise ConfigError("transform_with_state needs a streaming DataFrame")
+        session = df.sparkSession
+        df = _event_time(df, mode, event_time_column, watermark_delay)
+    kind = _key_kind(df, key)
     if output_mode.lower() not in OUTPUT_MODES:
         raise ConfigError(f"output mode {output_mode!r}: a processor supports Append or Update")
     if late_rows not in LATE_ROWS:
         raise ConfigError(f"late_rows={late_rows!r}: use one of {LATE_ROWS}")
-    df = _event_time(df, mode, event_time_column, watermark_delay)
     _check_processor(processor, mode)
     schemas = keyed_schemas(output_schema)
+    if output_event_time_column is not None:
+        check_output_event_time_column(schemas.user, output_event_time_column)
+        if event_time_column is None:
+            raise ConfigError(
+                "output_event_time_column carries the input's watermark to the stages after; "
+                "the input has none: give event_time_column (and watermark_delay)"
+            )
     initial_df, initial_columns, init_type = _initial(initial_state, key, df)
     spec = ProcessorTaskSpec(
         processor=cloudpickle.dumps(processor),  # type: ignore[no-untyped-call]
@@ -159,31 +215,141 @@ def transform_with_state(
         use_pandas=use_pandas,
         event_time_column=event_time_column,
         late_rows=late_rows,
-        timezone=df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC",
+        timezone=session.conf.get("spark.sql.session.timeZone") or "UTC",
         initial_columns=initial_columns,
     )
+    stage = StagePlan(
+        spec=spec,
+        schemas=schemas,
+        options=dict(options),
+        config=config,
+        initial_df=initial_df,
+        init_type=init_type,
+        output_event_time_column=output_event_time_column,
+        source=df if upstream is None else None,
+    )
+    segments = (Segment(stage),) if upstream is None else (*upstream.segments, Segment(stage))
+    return ProcessorOutput(
+        segments=segments,
+        schema=schemas.user,
+        output_mode=output_mode,
+        event_time_column=output_event_time_column,
+        session=session,
+        starter=start_output,
+    )
 
-    def start(write: WriteSpec, query_options: dict[str, Any]) -> ProcessorQuery:
-        clash = sorted(k for k in query_options if k in options and options[k] != query_options[k])
-        if clash:
-            raise ConfigError(f"{clash} given to both transform_with_state and the writer")
-        try:
-            opts = merged_options(df.sparkSession, config, {**options, **query_options})
-        except TypeError as exc:  # a required option is missing
-            raise ConfigError(
-                f"{exc}: give them to transform_with_state, to the writer "
-                "(checkpointLocation) or as spark.dstl.* configuration keys"
-            ) from None
-        driver = ProcessorDriver(spec, schemas, opts, initial_df, init_type)
-        sink = make_sink(
-            write,
-            app_id=opts.job_id or default_job_id(opts.checkpoint_dir),
-            session=df.sparkSession,
-            schema=schemas.user,
+
+#: the options a stage after the first takes (the rest are the query's)
+STAGE_OPTIONS = frozenset({"operator_id", "parallelism", "max_parallelism"})
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """One processor stage as ``transform_with_state`` planned it, before the query starts.
+
+    Frozen: built on the user's thread, read when the query starts.
+    """
+
+    spec: ProcessorTaskSpec
+    schemas: KeyedSchemas
+    #: the keyword options given to this stage's ``transform_with_state``
+    options: dict[str, Any]
+    config: KeyedOptions | None
+    initial_df: Any
+    init_type: Any
+    output_event_time_column: str | None
+    #: the query's streaming input (the first stage only)
+    source: Any = None
+
+
+def start_output(output: ProcessorOutput, write: WriteSpec, query_options: dict[str, Any]) -> Any:
+    """Start the query of ``output``: one stage on the keyed batch cycle, more as a chain.
+
+    The first stage's options and the writer's make the query's options; a
+    later stage gets them with its own operator id and parallelism.
+    """
+    first: StagePlan = output.segments[0].stage
+    session = output.session
+    options = first.options
+    clash = sorted(k for k in query_options if k in options and options[k] != query_options[k])
+    if clash:
+        raise ConfigError(f"{clash} given to both transform_with_state and the writer")
+    try:
+        opts = merged_options(session, first.config, {**options, **query_options})
+    except TypeError as exc:  # a required option is missing
+        raise ConfigError(
+            f"{exc}: give them to transform_with_state, to the writer "
+            "(checkpointLocation) or as spark.dstl.* configuration keys"
+        ) from None
+    sink = make_sink(
+        write,
+        app_id=opts.job_id or default_job_id(opts.checkpoint_dir),
+        session=session,
+        schema=output.schema,
+    )
+    drivers = [
+        ProcessorDriver(s.stage.spec, s.stage.schemas, opts, s.stage.initial_df, s.stage.init_type)
+        for s in output.segments
+    ]
+    afters = [
+        functools.partial(d.after, s.stage.output_event_time_column, s.steps)
+        for d, s in zip(drivers, output.segments, strict=True)
+    ]
+    if len(drivers) == 1:
+        after = afters[0]
+
+        def through(rows: Any, batch_id: int) -> None:
+            sink(after(rows, batch_id), batch_id)
+
+        plain = first.output_event_time_column is None and not output.segments[0].steps
+        return drivers[0].start(first.source, sink if plain else through)
+    links = []
+    for i, (segment, driver, stage_after) in enumerate(
+        zip(output.segments, drivers, afters, strict=True)
+    ):
+        stage: StagePlan = segment.stage
+        stage_opts = stage_options(
+            opts,
+            stage.options.get("operator_id")
+            or (opts.operator_id if i == 0 else f"{opts.operator_id}-{i + 1}"),
+            stage.options.get("parallelism") if i else None,
         )
-        return driver.start(df, sink)
+        if i and "max_parallelism" in stage.options:
+            stage_opts = dataclasses.replace(
+                stage_opts, max_parallelism=stage.options["max_parallelism"]
+            )
+        links.append(
+            ChainLink(
+                opts=stage_opts,
+                key=stage.spec.key,
+                schemas=stage.schemas,
+                hooks=driver.hooks(),
+                after=stage_after,
+            )
+        )
 
-    return ProcessorStream(start, schemas.user, output_mode)
+    def handle(coordinators: list[CheckpointCoordinator], port: int | None) -> ChainQuery:
+        query = ProcessorChainQuery(coordinators, port)
+        drivers[0].query = query  # the first stage's figures are the query's progress
+        query.listen(session)
+        return query
+
+    try:
+        chain = run_chain(first.source, links, sink=sink, opts=opts, handle_factory=handle)
+    except BaseException:
+        if drivers[0].query is not None:
+            drivers[0].query.unlisten()
+        raise
+    assert isinstance(chain, ProcessorChainQuery)
+    return chain
+
+
+class ProcessorChainQuery(ChainQuery, ProcessorQuery):
+    """A running chain of processor stages: one Spark query, a coordinator per stage.
+
+    Its progress carries the first stage's figures (``"dstl"``); threads as
+    :class:`~dstl_client.spark.chain.ChainQuery`.
+    """
 
 
 class ProcessorDriver:
@@ -218,7 +384,7 @@ class ProcessorDriver:
             self.query.listen(session)
             return self.query
 
-        hooks = BatchHooks(make_task=self.make_task, prepare=self.prepare, recorded=self.recorded)
+        hooks = self.hooks()
         try:
             query = run_keyed_query(
                 df,
@@ -245,6 +411,19 @@ class ProcessorDriver:
         return batch_times(self.opts.spark_checkpoint_dir, batch_id, session, event_time=event_time)
 
     # --------------------------------------------------------------- hooks
+    def hooks(self) -> BatchHooks:
+        return BatchHooks(make_task=self.make_task, prepare=self.prepare, recorded=self.recorded)
+
+    def after(
+        self, event_time_column: str | None, steps: tuple[Any, ...], rows: Any, batch_id: int
+    ) -> Any:
+        """The stage's output rows as the next stage (or the sink) reads them: the output
+        event times checked against the batch's watermark, then the stateless ``steps``."""
+        if event_time_column is not None:
+            times = self._times.get(batch_id, BatchTimes())
+            check_event_times(rows, event_time_column, times.late_watermark_ms, batch_id)
+        return apply_steps(rows, steps)
+
     def make_task(self, plan: BatchPlan, batch_df: Any, batch_id: int) -> TaskFunction:
         times = self.times_of(batch_df.sparkSession, batch_id)
         self._times = {batch_id: times}
@@ -280,6 +459,44 @@ class ProcessorDriver:
 
 
 # ------------------------------------------------------------- arguments
+def _upstream(data: Any, key: str | None) -> tuple[ProcessorOutput, str] | None:
+    """The output of an earlier stage ``data`` is (or its ``groupBy``), and the key; ``None``
+    if ``data`` is not one."""
+    if isinstance(data, GroupedOutput):
+        if key and key != data.key:
+            raise ConfigError(f"key={key!r} but the output is grouped by {data.key!r}")
+        return data.output, data.key
+    if isinstance(data, ProcessorOutput):
+        if not key:
+            raise ConfigError("give the grouping column: key=..., or pass output.groupBy(column)")
+        return data, key
+    return None
+
+
+def _inherited_event_time(
+    upstream: ProcessorOutput, mode: str, column: str | None, delay: str | None
+) -> str | None:
+    """A later stage's event-time column: the one the stage before carries (Spark's rule)."""
+    inherited = upstream.event_time_column
+    if delay is not None:
+        raise ConfigError(
+            "watermark_delay: a stage after transform_with_state has the query's watermark "
+            "(from the input's withWatermark), as in Spark"
+        )
+    if column is not None and column != inherited:
+        raise ConfigError(
+            f"event_time_column={column!r}: a stage after transform_with_state has the event "
+            f"time the stage before names in output_event_time_column ({inherited!r})"
+        )
+    if mode == "EventTime" and inherited is None:
+        raise ConfigError(
+            "time mode EventTime after transform_with_state needs an event time: give the stage "
+            "before output_event_time_column (Spark's eventTimeColumnName), a timestamp column "
+            "its steps keep"
+        )
+    return inherited
+
+
 def _grouping(data: Any, key: str | None) -> tuple[Any, str]:
     """The DataFrame and key column of ``data`` (a DataFrame, or its ``groupBy(key)``)."""
     from pyspark.sql import GroupedData
