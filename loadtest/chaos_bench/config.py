@@ -25,7 +25,7 @@ class ChaosConfig:
     #: at most this many rounds (0: as many as ``minutes`` allow)
     rounds: int = 0
     #: input files per round (one per batch, unless Spark merges two)
-    batches: int = 36
+    batches: int = 30
     rows: int = 400
     keys: int = 240
     nodes: int = 2
@@ -37,8 +37,8 @@ class ChaosConfig:
     first_batch: int = 2
     end_margin: int = 3
     min_gap: int = 3
-    s3_rate: tuple[float, float] = (0.05, 0.25)
-    s3_duration_s: tuple[float, float] = (8.0, 25.0)
+    s3_rate: tuple[float, float] = (0.1, 0.3)
+    s3_duration_s: tuple[float, float] = (10.0, 30.0)
     stall_ms: int = 2000
     #: a killed sidecar (or driver) is started again this long after the kill
     sidecar_down_s: float = 1.0
@@ -96,6 +96,7 @@ def short_config(base: ChaosConfig | None = None) -> ChaosConfig:
         first_batch=1,
         end_margin=2,
         min_gap=3,
-        s3_duration_s=(5.0, 10.0),
+        s3_rate=(0.25, 0.4),
+        s3_duration_s=(8.0, 12.0),
         stall_timeout_s=420.0,
     )

@@ -79,9 +79,10 @@ def summary(seed: int, results: list[RoundResult], wall_s: float) -> str:
     ]
     for kind in FaultKind:
         lines.append(f"{kind:<16}{scheduled[kind]:>10}{injected[kind]:>10}")
+    requests = sum(r.proxy_requests for r in results)
     lines.append(
-        f"S3 requests faulted by the proxy: {proxy['503']} answered 503, {proxy['reset']} "
-        f"reset, {proxy['latency']} stalled"
+        f"S3 requests through the proxy: {requests}; faulted: {proxy['503']} answered 503, "
+        f"{proxy['reset']} reset, {proxy['latency']} stalled"
     )
     exits = sum(len(r.driver_exits) for r in results)
     lines.append(f"driver exits nobody caused (a new driver started each time): {exits}")
@@ -117,6 +118,7 @@ def write_report(
                     {"returncode": e.returncode, "after": e.last_recorded} for e in r.driver_exits
                 ],
                 "proxy_faults": r.proxy_faults,
+                "proxy_requests": r.proxy_requests,
                 "batches": r.batches,
                 "expected_rows": r.expected_rows,
                 "late_rows": r.late_rows,

@@ -57,6 +57,8 @@ from loadtest.spark_offsets import file_groups
 
 JOB_MODULE = "loadtest.chaos_bench.job"
 POLL_S = 0.1
+#: a fault fires at most this long after its batch was planned
+MAX_DELAY_S = 10.0
 Log = Callable[[str], None]
 
 
@@ -99,6 +101,8 @@ class RoundResult:
     driver_exits: list[DriverExit] = field(default_factory=list)
     #: requests the proxy faulted this round, by its fault names (503, reset, latency)
     proxy_faults: dict[str, int] = field(default_factory=dict)
+    #: requests that went through the proxy this round
+    proxy_requests: int = 0
     batches: int = 0
     expected_rows: int = 0
     late_rows: int = 0
@@ -200,7 +204,9 @@ class Round:
             with contextlib.suppress(Exception):
                 self.proxy.set_faults({})
             with contextlib.suppress(Exception):
-                result.proxy_faults = dict(self.proxy.stats().get("faults", {}))
+                stats = self.proxy.stats()
+                result.proxy_faults = dict(stats.get("faults", {}))
+                result.proxy_requests = int(stats.get("requests", 0))
         result.wall_s = time.monotonic() - t0
         if not result.error:
             self._check(result)
@@ -315,8 +321,9 @@ class Round:
         planned = [b for b in ph.planned if b >= batch]
         if not planned:
             return None
-        spans = [ph.recorded[b] - ph.planned[b] for b in ph.recorded if b in ph.planned]
-        median = statistics.median(spans) if spans else 1.0
+        # batch 0 carries the executors' start-up: left out; a slow median is capped
+        spans = [ph.recorded[b] - ph.planned[b] for b in ph.recorded if b > 0 and b in ph.planned]
+        median = min(statistics.median(spans), MAX_DELAY_S) if spans else 1.0
         return ph.planned[min(planned)] + fault.delay_frac * median
 
     @property
