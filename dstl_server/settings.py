@@ -640,6 +640,8 @@ OTHER_DSTL_VARIABLES: dict[str, str] = {
     "DSTL_CA_FILE": "client: PEM CA bundle of a TLS sidecar (dstl_client.state.clients)",
     "DSTL_STATE_DIR": "client: node-local state directory (dstl_client.state.clients)",
     "DSTL_REST_URL": "operator CLI: the driver's REST endpoint (dstl_client.ops.context)",
+    "DSTL_CONFIG_TOKEN": "operator CLI: the token of the driver's REST endpoint "
+    "(dstl_client.ops.tokens)",
     "DSTL_NODE_IP": "Helm chart: the node's IP, to build DSTL_ADDRESS",
     "DSTL_VERSION": "container image build argument (deploy/docker)",
     "DSTL_WEED": "tests: path of the SeaweedFS binary (dstl_server.testing_s3_weed)",
