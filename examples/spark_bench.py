@@ -18,7 +18,11 @@ record; b: the same + the snapshot; c: the state store's ``commitTimeMs``
 summed over partitions, as Spark reports it) and bytes written (a: changelog
 bytes; b: snapshot + changelog; c: bytes of new files in the state checkpoint
 directory), against the state size. Prints median / p90 / max per mode, for
-the batches after ``--warmup``, and writes every figure to ``results.json``.
+the batches after ``--warmup``, writes every figure to ``results.json`` and
+draws checkpoint time against state size per mode next to it
+(``checkpoint-vs-state.png``, or ``--plot PATH``; needs matplotlib, the
+``bench`` extra). ``--replot results.json`` draws the PNG again from a
+finished run's figures without running anything.
 
     .venv/bin/python examples/spark_bench.py --rows-per-batch 100000 --keys 1000000 --batches 20
 """
@@ -34,6 +38,13 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+#: how each mode is named in the plot's legend
+MODE_LABELS = {
+    "changelog": "dstl changelog",
+    "full": "dstl full snapshot every batch",
+    "rocksdb": "Spark RocksDB + changelog checkpointing",
+}
 
 
 def count_fn(key: Any, rows: list[dict[str, Any]], ctx: Any) -> None:
@@ -176,6 +187,41 @@ def _stats(values: list[float]) -> dict[str, float]:
     }
 
 
+def plot_results(results: dict[str, Any], path: Path) -> Path:
+    """Checkpoint ms (log) against state MB of every batch, one line per mode.
+
+    Raises ``loadtest.plots.PlotInputError`` when ``results`` has no batch to
+    draw and ``PlotUnavailable`` without matplotlib.
+    """
+    # the benchmarks run from the checkout: loadtest is beside examples/, not installed
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from loadtest.plots import Series, draw_checkpoint_vs_state
+
+    series = [
+        Series(
+            MODE_LABELS.get(mode, mode),
+            tuple(b["state_bytes"] / 1e6 for b in r["batches"]),
+            tuple(float(b["checkpoint_ms"]) for b in r["batches"]),
+        )
+        for mode, r in results.get("modes", {}).items()
+        if r.get("batches")
+    ]
+    a = results.get("args", {})
+    load = results.get("load_avg")
+    title = (
+        f"{a.get('rows_per_batch', 0):,} rows per batch into {a.get('keys', 0):,} keys, "
+        f"parallelism {a.get('parallelism', '?')}, {a.get('batches', '?')} batches"
+        + (
+            f"; load average {load[0]:.1f} -> {load[1]:.1f} on {os.cpu_count()} CPUs"
+            if load
+            else ""
+        )
+    )
+    return draw_checkpoint_vs_state(series, path, title)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -189,7 +235,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--materialize-interval", type=float, default=20.0)
     p.add_argument("--modes", default="changelog,full,rocksdb")
     p.add_argument("--workdir", default="")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="where to draw the PNG (default: checkpoint-vs-state.png beside results.json)",
+    )
+    p.add_argument(
+        "--replot",
+        type=Path,
+        default=None,
+        metavar="RESULTS_JSON",
+        help="only draw the PNG from a finished run's results.json",
+    )
     args = p.parse_args(argv)
+    if args.replot is not None:
+        png = args.plot or args.replot.with_name("checkpoint-vs-state.png")
+        print(f"plot: {plot_results(json.loads(args.replot.read_text()), png)}")
+        return 0
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
@@ -211,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    results: dict[str, Any] = {"args": vars(args), "modes": {}}
+    args_json = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    results: dict[str, Any] = {"args": args_json, "modes": {}}
+    load_start = os.getloadavg()[0]
     try:
         with ServerProcess(work / "sidecar") as sidecar:
             for mode in args.modes.split(","):
@@ -256,8 +321,14 @@ def main(argv: list[str] | None = None) -> int:
             "changelog materializations (in the background of a batch): "
             + ", ".join(f"{b['mat_bytes'] / 1e6:.1f} MB in {b['mat_ms']:.0f} ms" for b in mats)
         )
+    results["load_avg"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
     (work / "results.json").write_text(json.dumps(results, indent=1))
     print(f"\nfigures: {work / 'results.json'}")
+    png = args.plot or work / "checkpoint-vs-state.png"
+    try:
+        print(f"plot: {plot_results(results, png)}")
+    except Exception as exc:  # a plot is not worth failing a run of minutes for
+        print(f"no plot: {exc!r}")
     return 0
 
 

@@ -9,6 +9,14 @@ from pathlib import Path
 
 from loadtest.api_bench.config import ENGINE_NAMES, GOAL_FLAT, GOAL_SPEEDUP, BenchConfig
 from loadtest.api_bench.job import Batch, EngineRun
+from loadtest.plots import EngineBatches, attempt, draw_batch_time_by_engine
+
+#: the engines' names under the bars of the plot (two short lines each)
+PLOT_NAMES = {
+    "tws": "Spark\ntransformWithStateInPandas",
+    "apply": "Spark\napplyInPandasWithState",
+    "dstl": "dstl\ntransform_with_state",
+}
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -127,6 +135,20 @@ def per_batch(runs: Sequence[EngineRun], keys_after: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
+def engine_batches(runs: Sequence[EngineRun], warmup: int) -> list[EngineBatches]:
+    """Every batch of each engine that ran any (warm-up included; the bars leave it out)."""
+    return [
+        EngineBatches(
+            PLOT_NAMES.get(r.engine, r.engine),
+            tuple(b.batch_id for b in r.batches),
+            tuple(b.trigger_ms for b in r.batches),
+            warmup,
+        )
+        for r in runs
+        if r.batches
+    ]
+
+
 def write_report(
     report_dir: Path,
     cfg: BenchConfig,
@@ -141,6 +163,16 @@ def write_report(
     report_dir.mkdir(parents=True, exist_ok=True)
     path = report_dir / f"api-{stamp}.md"
     stats = measured(runs, cfg.warmup)
+    png = path.with_suffix(".png")
+    why_not = attempt(
+        lambda: draw_batch_time_by_engine(
+            engine_batches(runs, cfg.warmup),
+            png,
+            f"{cfg.rows:,} rows per batch, {cfg.keys:,} keys in state at the end, "
+            f"local[{cfg.parallelism}]; load average {load[0]:.1f} -> {load[1]:.1f}",
+        )
+    )
+    picture = f"![batch time by engine]({png.name})" if why_not is None else f"(no plot: {why_not})"
     text = f"""# State API benchmark ({stamp})
 
 Command: `{command}`
@@ -160,6 +192,8 @@ the first {cfg.warmup} batch(es) (warm-up: Python workers, JIT, stores opening);
 per-batch table has them all. Wall s: the whole query, warm-up included.
 
 {table(stats)}
+
+{picture}
 
 ## Goals
 

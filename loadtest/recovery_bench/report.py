@@ -9,6 +9,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
+from loadtest.plots import RestoreCurve, attempt, curves_to_json, draw_restore_vs_tail
 from loadtest.recovery_bench.config import (
     GOAL_MAT_MB_S,
     GOAL_TAIL_RATIO,
@@ -62,6 +63,32 @@ def mat_table(dstl: DstlResult) -> str:
                 f"| {m.node_mb_per_s:.1f} | {m.wall_s:.2f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def cache_label(cfg: BenchConfig) -> str:
+    """Where the restores ran, by the sidecar's read cache."""
+    if cfg.read_cache_bytes is None:
+        return "read cache (writer's node)"
+    if cfg.read_cache_bytes == 0:
+        return "no read cache (another node)"
+    return f"read cache {cfg.read_cache_bytes / 2**20:g} MiB"
+
+
+def restore_curves(cfg: BenchConfig, dstl: DstlResult) -> list[RestoreCurve]:
+    """Whole-job restore time against the tail, one curve per restore parallelism,
+    each with the full snapshot's restore of the same state as its reference."""
+    tails = [r for r in dstl.restores if r.kind == "tail"]
+    full = _full(dstl)
+    return [
+        RestoreCurve(
+            f"p={p}, {cache_label(cfg)}",
+            tuple(r.tail for r in tails),
+            tuple(r.job[p].seconds for r in tails),
+            None if full is None else full.job[p].seconds,
+        )
+        for p in cfg.restore_parallelisms
+        if tails
+    ]
 
 
 def spark_table(spark: SparkResult) -> str:
@@ -169,7 +196,19 @@ def write_report(
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     report_dir.mkdir(parents=True, exist_ok=True)
     path = report_dir / f"recovery-{stamp}.md"
+    png = path.with_suffix(".png")
     job = dstl.job
+    curves = restore_curves(cfg, dstl)
+    path.with_suffix(".json").write_text(curves_to_json(curves))
+    why_not = attempt(
+        lambda: draw_restore_vs_tail(
+            curves,
+            png,
+            f"{cfg.keys:,} keys of {cfg.value_bytes} B, {cfg.update_fraction:.1%} rewritten per "
+            f"checkpoint; whole job; load average {load[0]:.1f} -> {load[1]:.1f} "
+            f"on {os.cpu_count()} CPUs",
+        )
+    )
     scaled = (
         ""
         if cfg.keys in ISSUE_KEYS
@@ -221,6 +260,10 @@ def write_report(
         "the longest subtask's upload (they upload at once, through the one sidecar).",
         "",
         "## Restore (dstl)",
+        "",
+        f"![restore time against the changelog tail]({png.name})"
+        if why_not is None
+        else f"(no plot: {why_not})",
         "",
         restore_table(cfg, dstl),
     ]

@@ -6,6 +6,7 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
+from loadtest.plots import DPI, attempt, plain_log_axis, pyplot
 from loadtest.tree_bench.config import BenchConfig
 from loadtest.tree_bench.runner import ConfigResult
 
@@ -52,68 +53,49 @@ def flush_table(results: dict[str, ConfigResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _ms_label(v: float, _pos: int | None = None) -> str:
-    return f"{v:g}"
-
-
-def _ms_minor_label(v: float, _pos: int | None = None) -> str:
-    """Only 2x and 5x a power of ten: enough ticks on a log axis without crowding."""
-    lead = f"{v:.0e}"[0]
-    return f"{v:g}" if lead in "25" else ""
-
-
 def plot(results: dict[str, ConfigResult], path: Path, title: str = "") -> str | None:
     """Persist latency CDF per configuration (a) and objects per checkpoint (b) as one PNG.
 
     Returns None once written, else why not (matplotlib missing, or the
     drawing failed): the report says so and the run still succeeds.
     """
-    try:
-        # typed when installed; the ignore is for `make typecheck` without the bench extra
-        import matplotlib  # type: ignore[import-not-found,unused-ignore]
+    return attempt(lambda: _draw(results, path, title))
 
-        matplotlib.use("Agg")  # no display: files only
-        import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
-        from matplotlib.ticker import FuncFormatter  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return "matplotlib is not installed (`pip install -e '.[bench]'`)"
+
+def _draw(results: dict[str, ConfigResult], path: Path, title: str) -> None:
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     try:
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
-        try:
-            for r in results.values():
-                xs = sorted(r.latencies_ms)
-                if xs:
-                    ys = [(i + 1) / len(xs) for i in range(len(xs))]
-                    ax1.step(xs, ys, where="post", label=f"{r.name} (p99 {r.p99_ms:.0f} ms)")
-            ax1.set_xscale("log")
-            ax1.xaxis.set_major_formatter(FuncFormatter(_ms_label))
-            ax1.xaxis.set_minor_formatter(FuncFormatter(_ms_minor_label))
-            ax1.set_xlabel("persist latency (ms, log)")
-            ax1.set_ylabel("fraction of persists")
-            ax1.set_ylim(0, 1.01)
-            ax1.axhline(0.99, color="grey", linewidth=0.6, linestyle=":")
-            ax1.grid(True, which="both", alpha=0.3)
-            ax1.legend(loc="lower right", fontsize="small")
-            ax1.set_title("(a) persist latency CDF")
-            names = list(results)
-            means = [r.objects_per_ckpt for r in results.values()]
-            peaks = [r.objects_per_ckpt_max for r in results.values()]
-            bars = ax2.bar(names, means, color="tab:blue")
-            labels = [f"{m:.2f} (max {p})" for m, p in zip(means, peaks, strict=True)]
-            ax2.bar_label(bars, labels=labels)
-            ax2.set_ylabel("objects per checkpoint (mean)")
-            ax2.set_ylim(0, max([*means, 1.0]) * 1.15)
-            ax2.grid(True, axis="y", alpha=0.3)
-            ax2.set_title("(b) objects per checkpoint")
-            if title:
-                fig.suptitle(title, fontsize="medium")
-            fig.tight_layout()
-            fig.savefig(path, dpi=110)
-        finally:
-            plt.close(fig)
-    except Exception as exc:  # a plot is not worth failing a run of minutes for
-        return f"the plot failed: {exc!r}"
-    return None
+        for r in results.values():
+            xs = sorted(r.latencies_ms)
+            if xs:
+                ys = [(i + 1) / len(xs) for i in range(len(xs))]
+                ax1.step(xs, ys, where="post", label=f"{r.name} (p99 {r.p99_ms:.0f} ms)")
+        ax1.set_xscale("log")
+        plain_log_axis(ax1.xaxis)
+        ax1.set_xlabel("persist latency (ms, log)")
+        ax1.set_ylabel("fraction of persists")
+        ax1.set_ylim(0, 1.01)
+        ax1.axhline(0.99, color="grey", linewidth=0.6, linestyle=":")
+        ax1.grid(True, which="both", alpha=0.3)
+        ax1.legend(loc="lower right", fontsize="small")
+        ax1.set_title("(a) persist latency CDF")
+        names = list(results)
+        means = [r.objects_per_ckpt for r in results.values()]
+        peaks = [r.objects_per_ckpt_max for r in results.values()]
+        bars = ax2.bar(names, means, color="tab:blue")
+        labels = [f"{m:.2f} (max {p})" for m, p in zip(means, peaks, strict=True)]
+        ax2.bar_label(bars, labels=labels)
+        ax2.set_ylabel("objects per checkpoint (mean)")
+        ax2.set_ylim(0, max([*means, 1.0]) * 1.15)
+        ax2.grid(True, axis="y", alpha=0.3)
+        ax2.set_title("(b) objects per checkpoint")
+        if title:
+            fig.suptitle(title, fontsize="medium")
+        fig.tight_layout()
+        fig.savefig(path, dpi=DPI)
+    finally:
+        plt.close(fig)
 
 
 def write_report(
