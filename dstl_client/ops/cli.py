@@ -560,7 +560,7 @@ def _endpoint(ctx: JobContext) -> DriverEndpoint:
             f"or set {REST_URL_ENV}"
         )
     token = resolve_token(args.config_token_file, "--config-token-file", CONFIG_TOKEN_ENV)
-    return DriverEndpoint(base, ctx.job_id, token, args.timeout_s, token_env=CONFIG_TOKEN_ENV)
+    return DriverEndpoint(base, ctx.job_id, token, args.timeout_s)
 
 
 def _duration_text(ms: Any) -> str:
@@ -604,6 +604,22 @@ def cmd_config_set(ctx: JobContext, out: TextIO) -> int:
 # ----------------------------------------------------------------- parser
 
 
+#: the longest --timeout-s (a day: longer is a unit slip)
+MAX_TIMEOUT_S = 86_400.0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_TIMEOUT_S:  # NaN fails too
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: seconds, more than 0 and at most {MAX_TIMEOUT_S:g}"
+        )
+    return value
+
+
 def _where() -> argparse.ArgumentParser:
     """The options naming the job (every command; ``config`` needs only ``--job-id``)."""
     p = _Parser(add_help=False)
@@ -640,7 +656,7 @@ def _sidecar() -> argparse.ArgumentParser:
         action=RemovedSecretFlag,
         replacement=f"set {TOKEN_ENV} or give --token-file PATH",
     )
-    s.add_argument("--timeout-s", type=float, default=30.0, help="per call (default 30)")
+    s.add_argument("--timeout-s", type=_seconds, default=30.0, help="per call (default 30)")
     return p
 
 
@@ -660,7 +676,7 @@ def _driver() -> argparse.ArgumentParser:
         action=RemovedSecretFlag,
         replacement=f"set {CONFIG_TOKEN_ENV} or give --config-token-file PATH",
     )
-    d.add_argument("--timeout-s", type=float, default=30.0, help="per call (default 30)")
+    d.add_argument("--timeout-s", type=_seconds, default=30.0, help="per call (default 30)")
     return p
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from dstl_client.coordinator.overrides import FIELDS
 from dstl_client.core.errors import ConfigError, DstlError
+from dstl_client.ops.tokens import CONFIG_TOKEN_ENV
 
 #: ``NAME=VALUE`` names the CLI accepts -> the REST field
 FIELD_NAMES: dict[str, str] = {
@@ -107,7 +108,7 @@ class DriverEndpoint:
     token: str | None
     timeout_s: float
     #: the variable the token may come from (named in a 401's hint)
-    token_env: str = "DSTL_CONFIG_TOKEN"
+    token_env: str = CONFIG_TOKEN_ENV
 
     @property
     def url(self) -> str:

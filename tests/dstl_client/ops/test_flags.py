@@ -122,3 +122,13 @@ def test_the_sidecar_token_comes_from_the_environment_or_a_file(
     monkeypatch.delenv("DSTL_TOKEN")
     missing = dstl(*gc, proc.address, "--token-file", str(tmp_path / "none"))
     assert missing.code == 2 and "--token-file" in missing.err and "cannot read" in missing.err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_timeout_is_a_positive_number_of_seconds(value: str) -> None:
+    for argv in (
+        ["config", "get", "--rest-url", "http://127.0.0.1:9", "--job-id", "j"],
+        ["checkpoints", "list", "--checkpoint-dir", "/x"],
+    ):
+        r = dstl(*argv, "--timeout-s", value)
+        assert r.code == 2 and "--timeout-s" in r.err and "more than 0" in r.err, r.err
