@@ -76,6 +76,7 @@ bench: $(BENCH_STAMP)
 	$(PY) -m loadtest.bounded_bench
 	$(PY) -m loadtest.api_bench
 	$(PY) -m loadtest.recovery_bench
+	$(PY) -m loadtest.chaos_bench
 
 bench-core: $(BENCH_STAMP)
 	$(PY) -m loadtest.bench $(BENCH_ARGS)
