@@ -14,7 +14,10 @@ overwritten) says, for the whole keyed operator:
   subtask and batch, with the key-group range of the writer and the batch;
 * ``operator_state``: per subtask (of ``parallelism``) the handle of its
   operator (non-keyed) lists, if it has any (see
-  :mod:`dstl_client.state.operator_state`).
+  :mod:`dstl_client.state.operator_state`);
+* ``state_schema``: the id of the operator's state schema document, when its
+  states declared schemas (a processor's; see :mod:`.state_schemas`). Absent
+  in older records and for ``process_keyed``: readers then need serializers.
 
 Restoring key group ``kg``: load its rows from ``parts[kg_map[kg].part]``,
 then replay, in batch order, every segment holding ``kg`` whose batch is
@@ -28,6 +31,7 @@ state registry.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,6 +46,7 @@ from dstl_client.coordinator.codec import (
     json_number,
     json_object,
     json_str,
+    shown,
 )
 from dstl_client.coordinator.metadata import CorruptMetadata
 from dstl_client.coordinator.stats import CheckpointStats
@@ -56,6 +61,7 @@ RECORD_FORMAT = 1
 NO_BATCH = -1
 #: the largest batch id a record can have (its name holds 12 digits)
 MAX_BATCH_ID = 10**12 - 1
+_SCHEMA_ID = re.compile(r"[0-9a-f]{8,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +151,8 @@ class CheckpointRecord:
     stats: CheckpointStats | None = None
     #: ``(subtask index, handle)`` of each subtask's operator lists, by index
     operator_state: tuple[tuple[int, ChangelogHandle], ...] = ()
+    #: the id of the state schema document this checkpoint's states follow (``None``: none)
+    state_schema: str | None = None
 
     # ------------------------------------------------------------ queries
     def object_keys(self) -> set[str]:
@@ -202,6 +210,7 @@ class CheckpointRecord:
             ],
             "stats": None if self.stats is None else self.stats.to_json(),
             "operator_state": [[i, handle_to_text(h)] for i, h in self.operator_state],
+            **({} if self.state_schema is None else {"state_schema": self.state_schema}),
         }
 
     def to_bytes(self) -> bytes:
@@ -276,6 +285,10 @@ class CheckpointRecord:
             stats = CheckpointStats.from_json(stats_doc) if stats_doc else None
         except FieldError as exc:
             raise FieldError(f"stats: {exc}") from None
+        schema_doc = doc.get("state_schema")
+        state_schema = None if schema_doc is None else json_str(schema_doc, "state_schema")
+        if state_schema is not None and not _SCHEMA_ID.fullmatch(state_schema):
+            raise FieldError(f"state_schema: {shown(state_schema)} is not a schema id (hex)")
         return cls(
             job_id=json_str(json_field(doc, "job_id"), "job_id"),
             operator_id=json_str(json_field(doc, "operator_id"), "operator_id"),
@@ -290,6 +303,7 @@ class CheckpointRecord:
             created_unix=json_number(doc.get("created_unix", 0.0), "created_unix"),
             stats=stats,
             operator_state=tuple(operator_state),
+            state_schema=state_schema,
         )
 
     @classmethod
@@ -314,8 +328,12 @@ def next_record(
     source_progress: Any = None,
     created_unix: float = 0.0,
     stats: CheckpointStats | None = None,
+    state_schema: str | None = None,
 ) -> CheckpointRecord:
     """The record of ``batch_id``: ``prev`` plus the batch's task results.
+
+    ``state_schema``: the id of the schema document this run declared (not
+    carried over from ``prev``: each run records what it declared).
 
     Materializations move key groups to new parts (uploaded), to nothing
     (cleared) or re-reference their part as of the new batch (unchanged);
@@ -372,6 +390,7 @@ def next_record(
         created_unix=created_unix,
         stats=stats,
         operator_state=_operator_state(prev, parallelism, results),
+        state_schema=state_schema,
     )
 
 
