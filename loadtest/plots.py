@@ -334,7 +334,7 @@ def curves_from_json(text: str) -> list[RestoreCurve]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m loadtest.plots restore-vs-tail OUT.png A.json [B.json ...]``: one plot of
+    """``python -m loadtest.plots restore-vs-tail OUT.png A.json [B.json ...] [--match p=2,]``: one plot of
     the restore curves saved by several recovery runs (say with and without the read cache)."""
     parser = argparse.ArgumentParser(
         prog="python -m loadtest.plots",
@@ -346,8 +346,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="the PNG to write")
     parser.add_argument("curves", type=Path, nargs="+", help="recovery-*.json files")
     parser.add_argument("--title", default="")
+    parser.add_argument(
+        "--match", default="", help="keep only the curves whose label contains this, e.g. p=2,"
+    )
     ns = parser.parse_args(argv)
-    curves = [c for f in ns.curves for c in curves_from_json(f.read_text())]
+    curves = [c for f in ns.curves for c in curves_from_json(f.read_text()) if ns.match in c.label]
     print(draw_restore_vs_tail(curves, ns.out, ns.title))
     return 0
 

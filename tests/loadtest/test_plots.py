@@ -160,6 +160,9 @@ def test_saved_curves_of_two_runs_combine_into_one_png(tmp_path: Path) -> None:
     out = tmp_path / "both.png"
     assert main(["restore-vs-tail", str(out), str(a), str(b), "--title", "t"]) == 0
     assert_small_png(out)
+    assert main(["restore-vs-tail", str(out), str(a), str(b), "--match", "p=2,"]) == 0
+    with pytest.raises(PlotInputError, match="no restore curves"):
+        main(["restore-vs-tail", str(out), str(a), "--match", "p=8,"])
     with pytest.raises(PlotInputError, match="not a list of restore curves"):
         curves_from_json(json.dumps({"label": "x"}))
 
