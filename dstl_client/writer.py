@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import secrets
 import threading
+import time
 from array import array
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -17,9 +18,10 @@ import grpc
 
 from dstl_client._buffer import PART_FRAMING_BYTES, ChangeBuffer
 from dstl_client._status import to_dstl_error
-from dstl_client._stream import WriterStream
+from dstl_client._stream import WriterStream, retry_delay
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import (
+    BudgetFull,
     CallLost,
     ChangeTooLarge,
     DstlError,
@@ -53,6 +55,13 @@ class ChangelogWriter:
     a stream that ends fails as a lost unary call does.
     Bad input (key group outside the range, a change over the limit) raises
     at ``append``, before anything is buffered.
+
+    **A full memory budget is waited out.** A call that carries changes and
+    that the sidecar refuses with :class:`~dstl_client.core.errors.BudgetFull`
+    (its budget is full; nothing was applied) is sent again, unchanged and in
+    its place in the call order, after a jittered pause that doubles up to
+    1 s, for up to ``timeout_s``; the sidecar fails the writer with a plain
+    ``Backpressure`` once it has pushed it back for ``backpressure_timeout_s``.
 
     **A failed send fails the writer, for good.** ``append()`` returns before
     its change is sent, so once a send of buffered changes fails (an
@@ -244,12 +253,28 @@ class ChangelogWriter:
             else:
                 unary = pb.AppendRequest(log_id=self.log_id, session=self._session, seq=seq)
                 self._buffer.drain_into(unary.changes)
-                resp = self.client._call(self.client._stub.Append, unary)
+                resp = self._unary_with_retry(self.client._stub.Append, unary)
         except BaseException as exc:
             # append() returned for these changes; they may be lost: fail for good
             self._fail(exc, seq)
             raise
         self.last_sqn = int(resp.sqn)
+
+    def _unary_with_retry(self, method: Any, request: Any) -> Any:
+        """A unary call that carries changes, sent again (same ``seq``) while refused
+        for a full budget (:class:`BudgetFull`: not applied, its turn not taken), after a
+        pause, for at most the client's ``timeout_s``; then the refusal is raised."""
+        first = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return self.client._call(method, request)
+            except BudgetFull:
+                attempt += 1
+                delay = retry_delay(attempt)
+                if time.monotonic() + delay - first >= self.client.timeout_s:
+                    raise
+                time.sleep(delay)
 
     def _call_ordered(self, call: str, method: Any, request_type: Any, **fields: Any) -> Any:
         """A call without changes; one whose outcome is unknown fails the writer."""
@@ -313,9 +338,7 @@ class ChangelogWriter:
                         log_id=self.log_id, after=after, session=self._session, seq=seq
                     )
                     self._buffer.drain_into(unary.changes)
-                    call = self.client._stub.PersistDurably.future(
-                        unary, metadata=self.client._metadata
-                    )
+                    call = _RetriedPersist(self.client, unary)
             except BaseException as exc:  # e.g. the channel is closed
                 if changes:
                     self._fail(exc, seq)
@@ -394,6 +417,61 @@ class ChangelogWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _RetriedPersist:
+    """A unary ``PersistDurably`` sent again (same ``seq``) while refused for a full budget.
+
+    Looks like the gRPC future the writer would otherwise hold: one
+    ``add_done_callback`` (called with this object once the outcome is
+    final) and ``result()`` (the response, or the final call's error).
+    Resends wait on a timer thread, for at most the client's ``timeout_s``
+    from the first refusal.
+    """
+
+    def __init__(self, client: ChangelogClient, request: pb.PersistRequest) -> None:
+        self._client = client
+        self._request = request
+        self._first = time.monotonic()
+        self._attempt = 0
+        self._callback: Any = None
+        self._final: Any = None
+        self._lock = threading.Lock()
+        self._send()
+
+    def _send(self) -> None:
+        call = self._client._stub.PersistDurably.future(
+            self._request, metadata=self._client._metadata
+        )
+        call.add_done_callback(self._done)
+
+    def _done(self, call: Any) -> None:
+        exc = call.exception()
+        if isinstance(exc, grpc.RpcError):
+            refusal = to_dstl_error(exc, self._client.target)
+            if isinstance(refusal, BudgetFull):
+                self._attempt += 1
+                delay = retry_delay(self._attempt)
+                if time.monotonic() + delay - self._first < self._client.timeout_s:
+                    timer = threading.Timer(delay, self._send)
+                    timer.daemon = True
+                    timer.start()
+                    return
+        with self._lock:
+            self._final = call
+            callback = self._callback
+        if callback is not None:
+            callback(self)
+
+    def add_done_callback(self, callback: Any) -> None:
+        with self._lock:
+            done = self._final is not None
+            self._callback = callback
+        if done:
+            callback(self)
+
+    def result(self) -> Any:
+        return self._final.result()
 
 
 def _fit(sizes: array[int], start: int, free: int) -> tuple[int, int]:

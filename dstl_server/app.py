@@ -18,6 +18,7 @@ from dstl_client.core._pb import dstl_pb2
 from dstl_client.core.errors import ConfigError
 from dstl_server.auth import Authenticator, TokenAuthInterceptor
 from dstl_server.forwarder import ParentForwarder
+from dstl_server.grpc_limits import server_options
 from dstl_server.grpc_metrics import GrpcMetricsInterceptor
 from dstl_server.hedging import make_uploader
 from dstl_server.housekeeping import StoreHousekeeping
@@ -120,12 +121,11 @@ class DstlServer:
         if self.auth is not None:
             refusals = self.metrics.auth_refusals.labels("unauthenticated")
             interceptors.append(TokenAuthInterceptor(self.auth, refusals.inc))
-        options = [
-            ("grpc.max_receive_message_length", s.max_request_bytes),
-            ("grpc.max_send_message_length", s.max_request_bytes),
-            ("grpc.so_reuseport", 0),
-        ]
-        server = grpc.aio.server(interceptors=interceptors, options=options)
+        server = grpc.aio.server(
+            interceptors=interceptors,
+            options=server_options(s),
+            maximum_concurrent_rpcs=s.max_concurrent_rpcs,
+        )
         register(server, self.service)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

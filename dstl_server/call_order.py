@@ -2,8 +2,9 @@
 
 :class:`CallSequencer` (one per writer) orders the calls of one writer;
 :class:`CallOrder` (one per node, owned by the registry) runs the ordered
-part of a call in its turn, bounds what waiting calls hold, and fails a
-session when a call that carried changes is refused inside its turn.
+part of a call in its turn, admits what calls carry into the node's memory
+budget before they wait, and fails a session when a call that carried
+changes is refused inside its turn.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from dstl_client.core.errors import (
     Backpressure,
+    BudgetFull,
     CallLost,
     DstlError,
     InvalidArgument,
@@ -22,9 +24,11 @@ from dstl_client.core.errors import (
 )
 from dstl_client.core.format import MAX_PARTS_PER_REQUEST
 from dstl_server.metrics import ServerMetrics
+from dstl_server.throttle import charge_of
 
 if TYPE_CHECKING:
     from dstl_server.log import ChangePart, WriterLog
+    from dstl_server.throttle import MemoryBudget
 
 
 class CallSequencer:
@@ -164,26 +168,34 @@ class CallOrder:
 
     :meth:`turn` waits until every earlier call of the writer's session has
     finished its ordered part (the writer's :class:`CallSequencer`) and lets
-    the next call in when the body ends, however it ends. A call that has to
-    wait holds its request in memory before the memory budget sees it; these
-    *parked* bytes are bounded by ``parked_limit`` over the node (a client
-    keeps at most a few calls of a writer in flight), past which the call is
-    refused with :class:`Backpressure` and, as it carried changes, its
-    session fails. :meth:`changes_land` wraps the part of a turn that applies
-    a call's changes: if they are refused, or the call is cancelled there,
-    the session fails with :class:`WriterFailed`, so no later call of the
-    session is applied over the hole. Validation belongs inside the turn: a
-    refused call still takes its turn and never leaves a gap.
+    the next call in when the body ends, however it ends. A call that
+    carries changes is admitted into the node's one memory budget
+    (:meth:`~dstl_server.throttle.MemoryBudget.admitted`) *before* it waits
+    for its turn, and holds its bytes there until its append takes them
+    over: the bytes of calls waiting for an earlier call (*parked*) count in
+    the same bound as the bytes not yet uploaded. A call that finds the
+    budget full is refused at once with
+    :class:`~dstl_client.core.errors.BudgetFull` before it takes a turn
+    (nothing applied, no gap: the client sends it again with the same
+    ``seq``); a writer pushed back past ``backpressure_timeout_s`` gets
+    :class:`~dstl_client.core.errors.Backpressure` and, as the call carried
+    changes, its session fails. :meth:`changes_land` wraps the part of a
+    turn that applies a call's changes: if they are refused, or the call is
+    cancelled there, the session fails with :class:`WriterFailed`, so no
+    later call of the session is applied over the hole. Validation belongs
+    inside the turn: a refused call still takes its turn and never leaves a
+    gap.
 
-    Invariant: ``parked`` is the sum of the request bytes of the
-    change-carrying calls waiting in :meth:`turn` right now (the
-    ``dstl_parked_bytes`` gauge). Event-loop only; the registry's ordered
+    Invariant: ``parked`` is the sum of the request bytes (as the budget
+    charges them) of the change-carrying calls waiting in :meth:`turn` for
+    an earlier call right now (the ``dstl_parked_bytes`` gauge); they are
+    part of the budget's ``held``. Event-loop only; the registry's ordered
     calls (``append``, ``persist``, ``truncate``, ``last_appended_sqn``) are
     its only callers.
     """
 
-    def __init__(self, parked_limit: int, timeout_s: float, metrics: ServerMetrics) -> None:
-        self.parked_limit = parked_limit
+    def __init__(self, budget: MemoryBudget, timeout_s: float, metrics: ServerMetrics) -> None:
+        self.budget = budget
         self.timeout_s = timeout_s
         self.metrics = metrics
         self.parked = 0
@@ -193,18 +205,32 @@ class CallOrder:
         self, wl: WriterLog, session: int, seq: int, parts: Sequence[ChangePart] = ()
     ) -> AsyncIterator[None]:
         """Run the body after the earlier calls of ``session``; ``seq == 0`` is unordered."""
+        if not (parts and seq and len(parts) <= MAX_PARTS_PER_REQUEST):
+            async with self._ordered(wl, session, seq, 0):
+                yield
+            return
+        charge = charge_of(parts)
+        try:
+            self.budget.check_room(wl.log_id)
+        except BudgetFull:
+            self.metrics.backpressure_waits.inc()
+            raise
+        except Backpressure as exc:
+            self.metrics.backpressure_waits.inc()
+            self._fail(wl, session, WriterFailed(exc.message))
+            raise
         calls = wl.calls
-        parked = 0
         expected = calls.next_seq if session == calls.session else 1
-        if parts and seq and seq != expected and len(parts) <= MAX_PARTS_PER_REQUEST:
-            parked = sum(len(p.sizes) + len(p.payload) for p in parts)
-            if self.parked + parked > self.parked_limit:
-                refusal = Backpressure(
-                    f"call {seq} of writer {wl.log_id} must wait for an earlier call, and "
-                    f"waiting calls already hold {self.parked} bytes (limit {self.parked_limit})"
-                )
-                self._fail(wl, session, WriterFailed(refusal.message))
-                raise refusal
+        with self.budget.admitted(charge, wl.log_id):  # room: checked just above
+            async with self._ordered(wl, session, seq, charge if seq != expected else 0):
+                yield
+
+    @contextlib.asynccontextmanager
+    async def _ordered(
+        self, wl: WriterLog, session: int, seq: int, parked: int
+    ) -> AsyncIterator[None]:
+        calls = wl.calls
+        if parked:
             self._park(parked)
         try:
             await calls.enter(session, seq, self.timeout_s)

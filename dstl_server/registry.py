@@ -105,7 +105,7 @@ class LogRegistry:
             open_writers=lambda job_id: self._writers_per_job.get(job_id, 0),
             forwarder=forwarder,
         )
-        self.order = CallOrder(settings.max_in_flight_bytes, settings.call_order_timeout_s, metrics)
+        self.order = CallOrder(self.budget, settings.call_order_timeout_s, metrics)
         self._stopping = False
         #: persist calls waiting for their uploads right now
         self.waiting_persists = 0

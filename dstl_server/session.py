@@ -23,7 +23,20 @@ message. :class:`SessionStream` serves one stream:
   later request is refused with :class:`WriterFailed` (as the unary session
   is), so no later persist of the stream returns a handle that misses them.
   Bytes that do not decode, and internal errors, end the stream with their
-  status (the client fails the requests it has in flight).
+  status (the client fails the requests it has in flight);
+* **memory** -- a request that carries changes is admitted into the node's
+  one memory budget before it runs
+  (:meth:`~dstl_server.throttle.MemoryBudget.admitted`); when the budget is
+  full it is refused at once with :class:`BudgetFull` (nothing applied,
+  nothing held), and so is every later request of the stream, whatever it
+  carries, so that none is applied before it: the client sends the refused
+  request and those after it again, in order, on a new stream after a
+  pause. A writer pushed back past ``backpressure_timeout_s`` gets
+  :class:`Backpressure` (a refusal that fails the stream, as above);
+* **idle** -- a stream whose first request does not come within
+  ``session_bind_timeout_s`` is ended with ``DEADLINE_EXCEEDED`` (an open
+  stream that never names a writer holds memory and a slot of
+  ``max_concurrent_rpcs`` for nothing).
 
 Draining: each request counts as a call in flight while it runs (an idle
 stream does not hold a shutdown up); after ``stop_accepting`` requests are
@@ -33,13 +46,18 @@ answered with :class:`ShuttingDown`. Event-loop only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 import grpc
 
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import (
+    Backpressure,
+    BudgetFull,
     DstlError,
     InvalidArgument,
     PermissionDenied,
@@ -47,6 +65,7 @@ from dstl_client.core.errors import (
     WriterFailed,
 )
 from dstl_server.auth import check_job
+from dstl_server.throttle import charge_of
 
 if TYPE_CHECKING:
     from dstl_server.registry import PendingPersist
@@ -64,6 +83,7 @@ class SessionStream:
 
     __slots__ = (
         "_ctx",
+        "_full",
         "_lost",
         "_persists",
         "_principal",
@@ -82,6 +102,8 @@ class SessionStream:
         self.log_id = ""
         #: set once a request that carried changes was refused
         self._lost: DstlError | None = None
+        #: set once a request was refused for a full budget: later ones are too
+        self._full: BudgetFull | None = None
         self._write_lock = asyncio.Lock()
         self._persists: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_WAITING_PERSISTS)
@@ -93,9 +115,21 @@ class SessionStream:
         read = self._ctx.read
         handle = self._handle
         eof = grpc.aio.EOF
+        bind_timeout = self._registry.settings.session_bind_timeout_s
         try:
             while True:
-                req = await read()
+                if self.log_id:
+                    req = await read()
+                else:  # not bound yet: the first request must come in time
+                    try:
+                        req = await asyncio.wait_for(read(), bind_timeout)
+                    except TimeoutError:
+                        self._service.metrics.errors.labels("session_idle").inc()
+                        await self._ctx.abort(
+                            grpc.StatusCode.DEADLINE_EXCEEDED,
+                            f"no request named a writer within {bind_timeout:g}s "
+                            "(session_bind_timeout_s): the stream is closed",
+                        )
                 if req is eof:
                     break
                 if type(req) is not pb.SessionRequest:
@@ -138,12 +172,15 @@ class SessionStream:
         handed_over = False
         carries = False
         try:
+            if self._full is not None:
+                raise self._full  # not applied before the refused request it follows
             if which == "append":
                 carries = True
                 call = req.append
                 log_id = self._bind(call.log_id)
                 self._check_lost()
-                sqn = await self._registry.append(log_id, call.changes)
+                with self._admitted(log_id, call.changes):
+                    sqn = await self._registry.append(log_id, call.changes)
                 await self._send(pb.SessionResponse(id=rid, sqn=sqn))
             elif which == "persist":
                 persist = req.persist
@@ -152,9 +189,10 @@ class SessionStream:
                 self._check_lost()
                 await self._slots.acquire()
                 try:
-                    pending = await self._registry.begin_persist(
-                        log_id, persist.after, persist.changes
-                    )
+                    with self._admitted(log_id, persist.changes):
+                        pending = await self._registry.begin_persist(
+                            log_id, persist.after, persist.changes
+                        )
                 except BaseException:
                     self._slots.release()
                     raise
@@ -179,6 +217,13 @@ class SessionStream:
                 # carried changes, so later requests must not apply over it
                 carries = True
                 raise InvalidArgument(f"request {rid} of the Session stream names no known call")
+        except BudgetFull as exc:  # nothing applied: neither this request nor later ones
+            if self._full is None:
+                self._full = BudgetFull(
+                    f"request {rid} of this stream was refused ({exc.message}); later "
+                    "requests are refused until it is sent again, on a new stream"
+                )
+            await self._refuse(rid, exc)
         except DstlError as exc:
             if carries and self._lost is None and not isinstance(exc, WriterFailed):
                 self._lost = WriterFailed(
@@ -196,6 +241,20 @@ class SessionStream:
     def _check_lost(self) -> None:
         if self._lost is not None:
             raise self._lost
+
+    def _admitted(
+        self, log_id: str, parts: Sequence[pb.KeyGroupChanges]
+    ) -> AbstractContextManager[None]:
+        """The budget's hold of a request's changes while it runs (none for no changes)."""
+        if not parts:
+            return contextlib.nullcontext()
+        budget = self._registry.budget
+        try:
+            budget.check_room(log_id)
+        except Backpressure:  # BudgetFull, or pushed back too long
+            self._service.metrics.backpressure_waits.inc()
+            raise
+        return budget.admitted(charge_of(parts), log_id)
 
     async def _answer_persist(self, rid: int, pending: PendingPersist) -> None:
         """Wait for the persist's uploads; answer with its handle or its error."""

@@ -102,11 +102,17 @@ class ServerSettings:
     )
     max_in_flight_bytes: int = _setting(
         100 * MiB,
-        "Bytes appended but not yet uploaded, over all writers; past it appends wait.",
+        "Change bytes held in memory, over all writers: not yet uploaded, plus those of calls "
+        "admitted and not yet applied (e.g. waiting for an earlier call of their writer); a "
+        "call that finds it reached is refused at once (RESOURCE_EXHAUSTED, budget_full) and "
+        "the client sends it again after a pause.",
         unit="bytes",
     )
     backpressure_timeout_s: float = _setting(
-        60.0, "How long an append waits under backpressure before RESOURCE_EXHAUSTED.", unit="s"
+        60.0,
+        "How long a writer's calls may be refused for a full memory budget (the client "
+        "retries them) before RESOURCE_EXHAUSTED (backpressure) fails the writer.",
+        unit="s",
     )
     max_change_bytes: int = _setting(4 * MiB, "Largest single change accepted.", unit="bytes")
     max_request_bytes: int = _setting(
@@ -185,6 +191,37 @@ class ServerSettings:
         3600.0,
         "A writer with no call for this long is closed (its client died); its unpersisted "
         "changes are dropped, its persisted handles stay readable.",
+        unit="s",
+    )
+    max_concurrent_rpcs: int = _setting(
+        4096,
+        "Calls served at the same time, open Session streams included (each writer holds "
+        "one); more are refused with RESOURCE_EXHAUSTED. Keep it above the node's writers.",
+    )
+    max_streams_per_connection: int = _setting(
+        1024,
+        "HTTP/2 streams one client connection may have open at once (grpc.max_concurrent_"
+        "streams); a client's further calls wait until one ends.",
+    )
+    session_bind_timeout_s: float = _setting(
+        30.0,
+        "A Session stream whose first request (naming its writer) does not come within this "
+        "long is closed (DEADLINE_EXCEEDED).",
+        unit="s",
+    )
+    keepalive_time_s: float = _setting(
+        60.0,
+        "Ping a client connection after this long without traffic, to find peers that are "
+        "gone; 0: never.",
+        unit="s",
+    )
+    keepalive_timeout_s: float = _setting(
+        20.0, "A ping not answered within this long closes the connection.", unit="s"
+    )
+    max_connection_idle_s: float = _setting(
+        600.0,
+        "Close a client connection with no call open for this long (the client reconnects at "
+        "its next call); 0: never.",
         unit="s",
     )
     auth_secret: str = _setting(
@@ -326,9 +363,14 @@ class ServerSettings:
             "shutdown_grace_s",
             "call_order_timeout_s",
             "store_probe_interval_s",
+            "session_bind_timeout_s",
+            "keepalive_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise bad(name, "must be > 0")
+        for name in ("keepalive_time_s", "max_connection_idle_s"):
+            if getattr(self, name) < 0:
+                raise bad(name, "must be >= 0")
         for name in (
             "batch_size_threshold",
             "max_in_flight_bytes",
@@ -341,6 +383,8 @@ class ServerSettings:
             "max_writers",
             "max_writers_per_job",
             "writer_idle_timeout_s",
+            "max_concurrent_rpcs",
+            "max_streams_per_connection",
         ):
             if getattr(self, name) <= 0:
                 raise bad(name, "must be > 0")

@@ -1,24 +1,94 @@
-"""Bound on bytes held in the sidecar's memory and not yet uploaded."""
+"""The one bound on change bytes the sidecar holds in memory (``max_in_flight_bytes``)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import contextvars
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from dstl_client.core.errors import Backpressure
+from dstl_client.core.errors import Backpressure, BudgetFull
+
+if TYPE_CHECKING:
+    from dstl_server.log import ChangePart
+
+#: calls refused at once call ``on_pressure`` at most this often (it walks every writer)
+PRESSURE_INTERVAL_S = 0.05
+#: writers remembered as pushed back, at most, before stale entries are dropped
+_PUSHED_BACK_KEPT = 4096
+
+
+def charge_of(parts: Sequence[ChangePart]) -> int:
+    """What the budget charges for a call's parts: their bytes plus per-part overhead.
+
+    The same as the registry charges when it appends them, so a call admitted
+    with :meth:`MemoryBudget.admitted` turns its hold into ``used`` exactly.
+    """
+    from dstl_server.log import PART_OVERHEAD_BYTES  # log imports call_order imports us
+
+    return sum(len(p.sizes) + len(p.payload) + PART_OVERHEAD_BYTES for p in parts)
+
+
+def _current_task() -> asyncio.Task[object] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop (a synchronous caller)
+        return None
+
+
+class _Hold:
+    """The bytes one admitted call holds, until its append takes them over.
+
+    Only the task that made it takes from it: a task it starts (an upload
+    scheduled during the append) inherits the context variable, not the hold.
+    """
+
+    __slots__ = ("left", "owner")
+
+    def __init__(self, nbytes: int) -> None:
+        self.left = nbytes
+        self.owner = _current_task()
+
+    def mine(self) -> int:
+        """Bytes left to the current task (0 for any other task)."""
+        return self.left if self.owner is _current_task() else 0
+
+
+#: the hold of the call the current task runs (set by ``MemoryBudget.admitted``)
+_CURRENT_HOLD: contextvars.ContextVar[_Hold | None] = contextvars.ContextVar(
+    "dstl_budget_hold", default=None
+)
 
 
 class MemoryBudget:
-    """Counts bytes appended and not yet uploaded, over every writer: the one count.
+    """Counts every change byte the node holds, over every writer: the one count.
 
-    Invariant: ``used`` is the sum over writers of what they hold in memory,
-    as charged (data plus per-part overhead) by appends and not yet released
-    by an upload, a truncate or a close. ``acquire`` lets a caller in while
-    ``used < limit`` (one request may overcommit, as Flink's UploadThrottle
-    does, so a change larger than the headroom never deadlocks) and otherwise
-    waits, calling ``on_pressure`` so queued changes get uploaded and memory
-    frees up. ``on_change`` gets ``used`` after every change (the
-    ``dstl_unuploaded_bytes`` gauge). Event-loop only.
+    Two parts, one limit (``limit`` = ``max_in_flight_bytes``):
+
+    * ``used`` -- bytes appended and not yet uploaded, as charged (data plus
+      per-part overhead) by appends and forwarded sections, until an upload,
+      a truncate or a close releases them (``dstl_unuploaded_bytes``);
+    * ``held`` -- bytes of calls that carry changes, admitted and not yet
+      appended: a call waiting for an earlier call of its writer (parked) or
+      in the middle of its turn.
+
+    Invariant: ``used + held`` (``total``) grows only through a call admitted
+    while ``total < limit``, so it never exceeds ``limit`` by more than one
+    request (one request may overcommit, as Flink's UploadThrottle allows,
+    so a change larger than the headroom never deadlocks). A call that finds
+    ``total >= limit`` is refused at once with :class:`BudgetFull`
+    (``RESOURCE_EXHAUSTED``, nothing applied: the client sends it again with
+    backoff); nothing waits here holding its request. A writer refused for
+    ``timeout_s`` without an admission in between gets a plain
+    :class:`Backpressure` instead (the store is too slow or down: its
+    caller fails the writer). Every refusal asks ``on_pressure`` (at most
+    every :data:`PRESSURE_INTERVAL_S`) to upload what waits, so memory frees
+    up. ``on_change`` gets ``used`` after every change.
+
+    Event-loop only (the hold of the running call travels in a context
+    variable of the task that runs it).
     """
 
     def __init__(
@@ -27,53 +97,105 @@ class MemoryBudget:
         timeout_s: float,
         on_pressure: Callable[[], None],
         on_change: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limit = limit
         self.timeout_s = timeout_s
         self.used = 0
+        self.held = 0
         self._on_pressure = on_pressure
         self._on_change = on_change
-        #: set while ``used < limit``: waiters wake when room frees up
-        self._room = asyncio.Event()
-        self._room.set()
+        self._clock = clock
+        self._last_pressure = -PRESSURE_INTERVAL_S
+        #: writer -> when it was first refused since its last admission
+        self._pushed_back: dict[str, float] = {}
+
+    @property
+    def total(self) -> int:
+        return self.used + self.held
 
     @property
     def over(self) -> bool:
-        return self.used >= self.limit
+        """No room: for a call admitted by :meth:`admitted`, not counting its own hold."""
+        hold = _CURRENT_HOLD.get()
+        own = hold.mine() if hold is not None else 0
+        return self.used + self.held - own >= self.limit
 
-    async def acquire(self, nbytes: int) -> bool:
-        """Account ``nbytes``; return True if the caller had to wait."""
-        waited = False
-        if self.used >= self.limit:
-            waited = True
+    # ------------------------------------------------------------ admission
+    def check_room(self, who: str) -> None:
+        """Refuse ``who``'s call unless there is room (:class:`BudgetFull` / :class:`Backpressure`)."""
+        if self.used + self.held < self.limit:
+            if who:
+                self._pushed_back.pop(who, None)
+            return
+        now = self._clock()
+        if now - self._last_pressure >= PRESSURE_INTERVAL_S:
+            self._last_pressure = now
             self._on_pressure()
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.timeout_s
-            while self.used >= self.limit:
-                self._room.clear()
-                try:
-                    await asyncio.wait_for(self._room.wait(), deadline - loop.time())
-                except TimeoutError:
-                    raise Backpressure(
-                        f"{self.used} bytes wait for upload (limit {self.limit}) for "
-                        f"{self.timeout_s:.0f}s: the store is too slow or down"
-                    ) from None
-        self._add(nbytes)
-        return waited
+        state = f"{self.used + self.held} bytes are held (limit {self.limit})"
+        if who:
+            since = self._pushed_back.setdefault(who, now)
+            if now - since >= self.timeout_s:
+                del self._pushed_back[who]
+                raise Backpressure(
+                    f"{state} and writer {who} was pushed back for {now - since:.1f}s "
+                    f"(backpressure_timeout_s={self.timeout_s:g}): the store is too slow or down"
+                )
+            if len(self._pushed_back) > _PUSHED_BACK_KEPT:
+                self._forget_stale(now)
+        raise BudgetFull(f"{state}: nothing was applied; send the call again after a pause")
+
+    @contextlib.contextmanager
+    def admitted(self, nbytes: int, who: str) -> Iterator[None]:
+        """Hold ``nbytes`` for the body (a call that carries changes), if there is room.
+
+        Raises as :meth:`check_room` when there is none. An append inside the
+        body (:meth:`take` / :meth:`acquire`, same task) turns the hold into
+        ``used``; what is left is released when the body ends, however.
+        """
+        self.check_room(who)
+        hold = _Hold(nbytes)
+        self.held += nbytes
+        token = _CURRENT_HOLD.set(hold)
+        try:
+            yield
+        finally:
+            _CURRENT_HOLD.reset(token)
+            self.held -= hold.left
+            hold.left = 0
+
+    def _forget_stale(self, now: float) -> None:
+        horizon = 2 * self.timeout_s
+        for who in [w for w, t in self._pushed_back.items() if now - t > horizon]:
+            del self._pushed_back[who]
+
+    # ------------------------------------------------------------ accounting
+    async def acquire(self, nbytes: int) -> bool:
+        """Account ``nbytes`` (an append or forwarded sections); never waits.
+
+        A call admitted by :meth:`admitted` takes what it holds; one that
+        was not is refused at once when there is no room (as
+        :meth:`check_room` without a writer). Returns False (it never waited;
+        kept for callers that count waits).
+        """
+        hold = _CURRENT_HOLD.get()
+        if hold is None or not hold.mine():
+            self.check_room("")
+        self.take(nbytes)
+        return False
 
     def take(self, nbytes: int) -> None:
-        """Account ``nbytes`` now, without waiting: for a caller that found room (not ``over``).
-
-        What :meth:`acquire` does when there is room, without a coroutine.
-        """
+        """Account ``nbytes`` now; first out of the current call's hold, if it has one."""
+        hold = _CURRENT_HOLD.get()
+        if hold is not None and hold.mine():
+            moved = min(hold.left, nbytes)
+            hold.left -= moved
+            self.held -= moved
         self._add(nbytes)
 
     def release(self, nbytes: int) -> None:
-        if not nbytes:
-            return
-        self._add(-nbytes)
-        if self.used < self.limit:
-            self._room.set()  # no task per release: waiters (if any) wake on the event
+        if nbytes:
+            self._add(-nbytes)
 
     def _add(self, nbytes: int) -> None:
         self.used += nbytes

@@ -15,6 +15,7 @@ from __future__ import annotations
 __all__ = [
     "Backpressure",
     "BlobNotFound",
+    "BudgetFull",
     "CallLost",
     "ChangeTooLarge",
     "ConfigError",
@@ -166,6 +167,18 @@ class Backpressure(DstlError):
 
     grpc_code = "RESOURCE_EXHAUSTED"
     kind = "backpressure"
+
+
+class BudgetFull(Backpressure):
+    """Refused at once: the sidecar's memory budget is full; nothing was applied.
+
+    Retryable: the call may be sent again as it was (the client library does,
+    with backoff, while the sidecar keeps answering this). A writer pushed
+    back for longer than the sidecar's ``backpressure_timeout_s`` gets a
+    plain :class:`Backpressure`, which fails it.
+    """
+
+    kind = "budget_full"
 
 
 class RequestTooLarge(DstlError):

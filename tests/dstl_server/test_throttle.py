@@ -1,4 +1,4 @@
-"""MemoryBudget: bounded bytes appended-not-uploaded, with backpressure."""
+"""MemoryBudget: one bound on the change bytes held, refusals instead of waits."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dstl_client.core.errors import Backpressure
+from dstl_client.core.errors import Backpressure, BudgetFull
 from dstl_server.throttle import MemoryBudget
 from tests.fakes import settle
 
@@ -39,45 +39,85 @@ async def test_one_request_may_overcommit() -> None:
     assert budget.used == 5999 and budget.over
 
 
-@pytest.mark.asyncio
-async def test_over_the_limit_times_out_with_backpressure() -> None:
-    pressure = Pressure()
-    budget = MemoryBudget(100, 0.1, pressure)
-    await budget.acquire(100)
-    started = time.monotonic()
-    with pytest.raises(Backpressure, match="limit 100"):
-        await budget.acquire(1)
-    assert time.monotonic() - started >= 0.09
-    assert pressure.calls == 1  # asked the registry to upload what waits
-    assert budget.used == 100  # the refused request took nothing
+async def other_call(budget: MemoryBudget, nbytes: int) -> None:
+    budget.take(nbytes)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @pytest.mark.asyncio
-async def test_release_wakes_waiters() -> None:
+async def test_over_the_limit_is_refused_at_once_and_holds_nothing() -> None:
     pressure = Pressure()
     budget = MemoryBudget(100, 10.0, pressure)
-    await budget.acquire(150)
-    waiters = [asyncio.create_task(budget.acquire(10)) for _ in range(3)]
-    await settle()  # every waiter has run up to its wait
-    assert not any(w.done() for w in waiters)
-    assert pressure.calls == 3
-    budget.release(100)  # used 50 < limit
-    results = await asyncio.wait_for(asyncio.gather(*waiters), 5)
-    assert results == [True, True, True]
-    assert budget.used == 80
+    await budget.acquire(100)
+    started = time.monotonic()
+    with pytest.raises(BudgetFull, match="limit 100"):
+        await budget.acquire(1)
+    with pytest.raises(BudgetFull):
+        budget.check_room("w1")
+    assert time.monotonic() - started < 1.0  # nothing waited holding its request
+    assert pressure.calls == 1  # asked the registry to upload what waits (rate-limited)
+    assert budget.used == 100 and budget.held == 0  # the refused requests took nothing
+
+
+def test_admitted_calls_hold_their_bytes_in_the_same_bound() -> None:
+    """Bytes of admitted calls not yet appended count with those not yet uploaded."""
+    budget = MemoryBudget(100, 10.0, Pressure())
+    budget.take(40)
+    with budget.admitted(50, "w1"):  # e.g. parked behind an earlier call
+        assert budget.held == 50 and budget.total == 90 and not budget.over
+        with budget.admitted(30, "w2"):  # room before it: may overcommit by one request
+            assert budget.total == 120 > budget.limit
+            with pytest.raises(BudgetFull):  # no room for a third
+                budget.check_room("w3")
+            budget.take(30)  # w2's append takes over its hold: no double count
+            assert budget.used == 70 and budget.held == 50
+        assert budget.held == 50
+    assert budget.held == 0 and budget.used == 70  # w1's call ended without appending
 
 
 @pytest.mark.asyncio
-async def test_partial_release_keeps_waiting() -> None:
+async def test_an_admitted_call_appends_even_over_the_limit() -> None:
     budget = MemoryBudget(100, 10.0, Pressure())
-    await budget.acquire(200)
-    waiter = asyncio.create_task(budget.acquire(1))
-    budget.release(50)  # 150: still over
-    await settle()  # the release's wake-up has run: the waiter checked and waits on
-    assert not waiter.done()
-    budget.release(60)  # 90
-    assert await asyncio.wait_for(waiter, 5) is True
-    assert budget.used == 91
+    with budget.admitted(60, "w1"):
+        await asyncio.create_task(other_call(budget, 70))  # filled the budget meanwhile
+        assert budget.used == 70 and budget.held == 60  # the other task took no hold
+        assert budget.total > budget.limit
+        with pytest.raises(BudgetFull):  # no room for a new call
+            await asyncio.create_task(budget.acquire(1))
+        assert await budget.acquire(60) is False  # its bytes were counted: no refusal
+    assert budget.used == 130 and budget.held == 0
+
+
+def test_a_writer_pushed_back_past_the_timeout_gets_backpressure() -> None:
+    clock = Clock()
+    budget = MemoryBudget(100, 5.0, Pressure(), clock=clock)
+    budget.take(100)
+    with pytest.raises(BudgetFull):
+        budget.check_room("w1")
+    clock.now += 4.9
+    with pytest.raises(BudgetFull):
+        budget.check_room("w1")
+    with pytest.raises(BudgetFull):  # another writer's clock starts now
+        budget.check_room("w2")
+    clock.now += 0.2
+    with pytest.raises(Backpressure, match=r"pushed back for 5\.1s") as info:
+        budget.check_room("w1")
+    assert not isinstance(info.value, BudgetFull)
+    with pytest.raises(BudgetFull):
+        budget.check_room("w2")
+    budget.release(50)
+    budget.check_room("w2")  # admitted: its clock is reset
+    budget.take(50)
+    clock.now += 4.0
+    with pytest.raises(BudgetFull):
+        budget.check_room("w2")
 
 
 @pytest.mark.asyncio
