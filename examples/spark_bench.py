@@ -219,7 +219,10 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
             else ""
         )
     )
-    return draw_checkpoint_vs_state(series, path, title)
+    # dstl: its store's bytes; RocksDB: SST files + memory in use (Spark's metrics)
+    return draw_checkpoint_vs_state(
+        series, path, title, xlabel="state size (MB, as each backend reports it)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -170,7 +170,9 @@ def _save(fig: Any, path: Path, title: str) -> Path:
     return path
 
 
-def draw_checkpoint_vs_state(series: Sequence[Series], path: Path, title: str = "") -> Path:
+def draw_checkpoint_vs_state(
+    series: Sequence[Series], path: Path, title: str = "", xlabel: str = "state size (MB)"
+) -> Path:
     """Checkpoint time (ms, log scale) against state size (MB), one line per mode.
 
     ``series``: per mode, ``xs`` = state MB and ``ys`` = checkpoint ms of each
@@ -190,7 +192,7 @@ def draw_checkpoint_vs_state(series: Sequence[Series], path: Path, title: str = 
             ax.plot(s.xs, [max(y, floor) for y in s.ys], marker="o", markersize=3, label=s.label)
         ax.set_yscale("log")
         plain_log_axis(ax.yaxis)
-        ax.set_xlabel("state size (MB)")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("checkpoint time per batch (ms, log)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
