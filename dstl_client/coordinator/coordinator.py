@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -69,6 +69,7 @@ from dstl_client.coordinator.overrides import (
 from dstl_client.coordinator.records import CheckpointRecord, next_record
 from dstl_client.coordinator.registry import SharedStateRegistry
 from dstl_client.coordinator.retention import RetainedCheckpoints, Sweeper, SweeperFactory
+from dstl_client.coordinator.state_schemas import OperatorSchemas, adopt
 from dstl_client.coordinator.stats import CheckpointStats
 from dstl_client.coordinator.storage import CheckpointStorage
 from dstl_client.coordinator.watchdog import CheckpointWatchdog
@@ -137,6 +138,8 @@ class CheckpointCoordinator:
         self._writers: dict[int, str] = {}
         #: called (on the updating thread) with a new checkpoint interval in seconds
         self.on_interval_change: Callable[[float], None] | None = None
+        #: the id of the state schema document this run's records name (:meth:`adopt_schemas`)
+        self.state_schema: str | None = None
 
     # ------------------------------------------------------------ plumbing
     @property
@@ -348,6 +351,23 @@ class CheckpointCoordinator:
             self.orphans_removed = removed
             return latest
 
+    def adopt_schemas(self, declared: OperatorSchemas, deleted: Iterable[str] = ()) -> str:
+        """After :meth:`start`, before the first plan: check the declared state schemas
+        against the latest record's and record them (:func:`.state_schemas.adopt`).
+
+        Raises :class:`~.state_schemas.StateSchemaMismatch` naming the state and both schemas.
+        """
+        with self._lock:
+            latest = self.latest
+            self.state_schema = adopt(
+                self.metadata,
+                self.config.records_prefix,
+                None if latest is None else latest.state_schema,
+                declared,
+                deleted,
+            )
+            return self.state_schema
+
     # ---------------------------------------------------------------- plans
     def plan_batch(self, batch_id: int, parallelism: int) -> BatchPlan | None:
         """The plan of ``batch_id``, or ``None`` if it is already checkpointed."""
@@ -418,6 +438,7 @@ class CheckpointCoordinator:
                 results=results,
                 source_progress=source_progress,
                 created_unix=time.time(),
+                state_schema=self.state_schema,
             )
             stats = stats.of_record(record)
             record = replace(record, stats=stats)

@@ -310,16 +310,25 @@ def cmd_checkpoints_dispose(ctx: JobContext, out: TextIO) -> int:
 
 
 def cmd_state_get(ctx: JobContext, out: TextIO) -> int:
+    from dstl_client.coordinator.state_schemas import load_schemas
     from dstl_client.ops.serde import serializers
     from dstl_client.spark.state_reader import iter_record_rows
 
     args = ctx.args
     specs = serializers(args.serializer or (), args.serializers)
     record = ctx.record(args.batch)
+    # the states' recorded schemas decode them (typed), unless --serializer names them
+    schemas = (
+        None
+        if record.state_schema is None
+        else load_schemas(ctx.store, ctx.operator()[1], record.state_schema)
+    )
     kg = key_group_for_key(args.key, record.max_parallelism)
     rows = [
         r
-        for r in iter_record_rows(record, ctx.client, serializers=specs, key_groups=[kg])
+        for r in iter_record_rows(
+            record, ctx.client, serializers=specs, key_groups=[kg], schemas=schemas
+        )
         if r.key == args.key
     ]
     if args.json:
@@ -334,8 +343,9 @@ def cmd_state_get(ctx: JobContext, out: TextIO) -> int:
                     {
                         "state": r.state_name,
                         "kind": r.state_kind,
-                        "user_key": r.user_key if r.user_key_decoded else None,
-                        "value": r.value if r.value_decoded else None,
+                        "user_key": _json_value(r.user_key_json),
+                        "value": _json_value(r.value_json),
+                        "expiry_ms": r.expiry_ms,
                         "user_key_hex": None
                         if r.user_key_bytes is None
                         else r.user_key_bytes.hex(),
@@ -359,8 +369,8 @@ def cmd_state_get(ctx: JobContext, out: TextIO) -> int:
             (
                 r.state_name,
                 r.state_kind or "?",
-                "" if r.user_key_bytes is None else _shown(r.user_key, r.user_key_decoded),
-                _shown(r.value, r.value_decoded),
+                "" if r.user_key_bytes is None else _shown(r.user_key, r.user_key_json),
+                _shown(r.value, r.value_json),
             )
             for r in rows
         ],
@@ -371,9 +381,15 @@ def cmd_state_get(ctx: JobContext, out: TextIO) -> int:
     return 0
 
 
-def _shown(value: Any, decoded: bool) -> str:
-    if decoded:
-        return json.dumps(value, ensure_ascii=False, default=repr)
+def _json_value(text: str | None) -> Any:
+    """A decoded value as JSON (structs as objects, times as ISO text), ``None`` if undecoded."""
+    return None if text is None else json.loads(text)
+
+
+def _shown(value: Any, decoded: str | None) -> str:
+    """The decoded value's JSON text, or the first bytes in hex."""
+    if decoded is not None:
+        return decoded
     raw = bytes(value)
     text = raw[:32].hex()
     return f"0x{text}{'...' if len(raw) > 32 else ''}"

@@ -33,6 +33,7 @@ from typing import Any
 
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.messages import BatchPlan
+from dstl_client.coordinator.state_schemas import OperatorSchemas, declared_of
 from dstl_client.core.errors import ConfigError, InvalidArgument
 from dstl_client.processor.api import time_mode_of
 from dstl_client.processor.codec import RowCodec
@@ -195,7 +196,7 @@ def transform_with_state(
         raise ConfigError(f"output mode {output_mode!r}: a processor supports Append or Update")
     if late_rows not in LATE_ROWS:
         raise ConfigError(f"late_rows={late_rows!r}: use one of {LATE_ROWS}")
-    _check_processor(processor, mode)
+    declared = _check_processor(processor, mode)
     schemas = keyed_schemas(output_schema)
     if output_event_time_column is not None:
         check_output_event_time_column(schemas.user, output_event_time_column)
@@ -227,6 +228,8 @@ def transform_with_state(
         init_type=init_type,
         output_event_time_column=output_event_time_column,
         source=df if upstream is None else None,
+        state_schemas=declared.schemas(key, kind),
+        deleted_states=tuple(declared.deleted),
     )
     segments = (Segment(stage),) if upstream is None else (*upstream.segments, Segment(stage))
     return ProcessorOutput(
@@ -260,6 +263,10 @@ class StagePlan:
     output_event_time_column: str | None
     #: the query's streaming input (the first stage only)
     source: Any = None
+    #: the states ``init`` declares, recorded with the checkpoints (checked at start)
+    state_schemas: OperatorSchemas | None = None
+    #: the states ``init`` deletes (``deleteIfExists``)
+    deleted_states: tuple[str, ...] = ()
 
 
 def start_output(output: ProcessorOutput, write: WriteSpec, query_options: dict[str, Any]) -> Any:
@@ -288,7 +295,15 @@ def start_output(output: ProcessorOutput, write: WriteSpec, query_options: dict[
         schema=output.schema,
     )
     drivers = [
-        ProcessorDriver(s.stage.spec, s.stage.schemas, opts, s.stage.initial_df, s.stage.init_type)
+        ProcessorDriver(
+            s.stage.spec,
+            s.stage.schemas,
+            opts,
+            s.stage.initial_df,
+            s.stage.init_type,
+            state_schemas=s.stage.state_schemas,
+            deleted_states=s.stage.deleted_states,
+        )
         for s in output.segments
     ]
     afters = [
@@ -367,8 +382,13 @@ class ProcessorDriver:
         opts: KeyedOptions,
         initial_df: Any,
         init_type: Any,
+        *,
+        state_schemas: OperatorSchemas | None = None,
+        deleted_states: tuple[str, ...] = (),
     ) -> None:
         self.spec = spec
+        self.state_schemas = state_schemas
+        self.deleted_states = deleted_states
         self.schemas = schemas
         self.opts = opts
         self.initial_df = initial_df
@@ -412,7 +432,13 @@ class ProcessorDriver:
 
     # --------------------------------------------------------------- hooks
     def hooks(self) -> BatchHooks:
-        return BatchHooks(make_task=self.make_task, prepare=self.prepare, recorded=self.recorded)
+        return BatchHooks(
+            make_task=self.make_task,
+            prepare=self.prepare,
+            recorded=self.recorded,
+            state_schemas=self.state_schemas,
+            deleted_states=self.deleted_states,
+        )
 
     def after(
         self, event_time_column: str | None, steps: tuple[Any, ...], rows: Any, batch_id: int
@@ -613,6 +639,18 @@ class _DeclarationCheck:
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.kinds: dict[str, tuple[Any, ...]] = {}
+        #: names ``init`` deletes (``deleteIfExists``)
+        self.deleted: list[str] = []
+
+    def schemas(self, key: str, key_type: str) -> OperatorSchemas:
+        """The declared states as the schema document the checkpoints record."""
+        states: dict[str, tuple[str, str, str | None, int | None]] = {}
+        for name, sig in self.kinds.items():
+            if sig[0] == "map":
+                states[name] = ("map", sig[2].json(), sig[1].json(), sig[3])
+            else:
+                states[name] = (sig[0], sig[1].json(), None, sig[2])
+        return declared_of(key, key_type, states)
 
     def _declare(self, name: str, signature: tuple[Any, ...], ttl: int | None) -> _Unbound:
         check_state_name(name)
@@ -655,6 +693,7 @@ class _DeclarationCheck:
 
     def deleteIfExists(self, stateName: str) -> None:
         check_state_name(stateName)
+        self.deleted.append(stateName)
 
     def _no_key(self, *args: Any) -> Any:
         raise InvalidArgument("timers belong to a key: use them in the handlers, not in init")
@@ -662,16 +701,19 @@ class _DeclarationCheck:
     registerTimer = deleteTimer = listTimers = _no_key
 
 
-def _check_processor(processor: Any, mode: str) -> None:
-    """Spark's driver-side ``init``: on a copy, with a handle that only checks declarations."""
+def _check_processor(processor: Any, mode: str) -> _DeclarationCheck:
+    """Spark's driver-side ``init``: on a copy, with a handle that only checks declarations
+    (and keeps them: the states' schemas)."""
     from pyspark import cloudpickle
 
     for method in ("init", "handleInputRows"):
         if not callable(getattr(processor, method, None)):
             raise ConfigError(f"the processor has no {method}() (a StatefulProcessor)")
     probe = cloudpickle.loads(cloudpickle.dumps(processor))  # type: ignore[no-untyped-call]
+    declared = _DeclarationCheck(mode)
     try:
-        probe.init(_DeclarationCheck(mode))
+        probe.init(declared)
         probe.close()
     except InvalidArgument as exc:
         raise ConfigError(f"the processor's init(): {exc.message}") from None
+    return declared

@@ -248,6 +248,8 @@ def run_chain(
             coordinator = CheckpointCoordinator(link.opts.coordinator_config())
             planned.append(_Stage(link, coordinator))
             coordinator.start()
+            if link.hooks.state_schemas is not None:  # before the first batch
+                coordinator.adopt_schemas(link.hooks.state_schemas, link.hooks.deleted_states)
     except BaseException:
         for p in planned:
             p.coordinator.close()

@@ -66,6 +66,7 @@ from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.failures import CheckpointFailures
 from dstl_client.coordinator.messages import BatchPlan, TaskResult
 from dstl_client.coordinator.rest import CheckpointConfigServer
+from dstl_client.coordinator.state_schemas import OperatorSchemas
 from dstl_client.core.errors import ConfigError
 from dstl_client.keygroups import partition_sql
 from dstl_client.spark.options import KeyedOptions
@@ -211,6 +212,11 @@ class BatchHooks:
     #: ``recorded(batch_id, extras)``: after the checkpoint record, the tasks'
     #: ``EXTRA_COLUMN`` values (one per task, ``None`` where a task sent none)
     recorded: Callable[[int, list[bytes | None]], None] | None = None
+    #: the states' declared schemas, checked against the checkpoint's and recorded at start
+    #: (:mod:`dstl_client.coordinator.state_schemas`); ``None``: nothing declared up front
+    state_schemas: OperatorSchemas | None = None
+    #: states the operator deletes at start (their recorded schemas are dropped)
+    deleted_states: tuple[str, ...] = ()
 
 
 def run_keyed_query(
@@ -241,6 +247,8 @@ def run_keyed_query(
     coordinator = CheckpointCoordinator(opts.coordinator_config())
     try:
         coordinator.start()
+        if hooks.state_schemas is not None:  # before the first batch: a mismatch fails here
+            coordinator.adopt_schemas(hooks.state_schemas, hooks.deleted_states)
     except BaseException:
         coordinator.close()  # its metadata store client and metrics server
         raise

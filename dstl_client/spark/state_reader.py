@@ -33,10 +33,19 @@ reachable, since the state objects are read through it
 * ``serializers``: per state name a
   :class:`~dstl_client.state.serializers.Serializer` (a value or reducing
   state, or the values of a map state) or a :class:`StateSpec` (the kind of
-  state and its serializers). States not named keep raw bytes.
+  state and its serializers). States not named decode by their recorded
+  schema (a processor's states: :mod:`dstl_client.coordinator.state_schemas`,
+  values as ``Row``\\ s, a TTL's expiry in ``StateRow.expiry_ms``), else keep
+  raw bytes.
 * ``key_groups``: only these key groups (default: all).
+* ``state_name`` (:func:`read_state` only, Spark's ``stateVarName``): that
+  state alone, as typed columns from its recorded schema
+  (:func:`typed_schema`: ``key``, ``value`` / ``list_element`` /
+  ``user_map_key`` and ``user_map_value``, ``partition_id``, ``key_group``,
+  and ``expiration_ms`` with a TTL), as Spark's ``statestore`` source reads a
+  ``transformWithState`` state variable.
 
-**Rows.** One per stored row of the checkpoint: one per key and value, list
+**Rows** (every state at once). One per stored row of the checkpoint: one per key and value, list
 or reducing state, one per key and *entry* of a map state. Columns (the
 DataFrame's, and :class:`StateRow`'s fields):
 
@@ -49,9 +58,10 @@ DataFrame's, and :class:`StateRow`'s fields):
 ``user_key``        string    a map entry's key, decoded, as JSON text; null for
                               other states or without a key serializer
 ``value``           string    the decoded value as JSON text (tuples and lists as
-                              arrays, a list state's elements as an array; what
+                              arrays, a list state's elements as an array,
+                              ``Row``\\ s as objects, times as ISO text; what
                               JSON cannot hold as its ``repr``); null without a
-                              serializer
+                              serializer or recorded schema
 ``user_key_bytes``  binary    a map entry's key as stored
 ``value_bytes``     binary    the value as stored (a list's elements
                               length-prefixed, see :mod:`dstl_client.state.changes`)
@@ -60,8 +70,8 @@ DataFrame's, and :class:`StateRow`'s fields):
 A row key says which state and key it belongs to, and whether it is a map
 entry, but not whether a single row is a value, a list or a reducing state
 (they are stored alike): ``state_kind`` is ``"map"`` for map entries, the
-kind a :class:`StateSpec` names, ``"value"`` for a bare serializer, and null
-for other states. A serializer that cannot decode a row, or a spec whose kind
+kind a :class:`StateSpec` or the recorded schema names, ``"value"`` for a
+bare serializer, and null for other states. A serializer that cannot decode a row, or a spec whose kind
 contradicts the rows (a map spec for a single row, or the reverse), raises
 :class:`~dstl_client.core.errors.InvalidArgument` naming the state, key and
 key group. Decoded values are JSON text in the DataFrame because one column
@@ -92,19 +102,21 @@ once, and a checkpoint dropped by a running query meanwhile (``retain``)
 fails the next action. The executors reach the sidecar of their node
 (``$DSTL_ADDRESS``) or else the given address, like the job's tasks.
 
-The data source can be used directly too, like ``statestore``, with raw
-bytes only (serializers are Python objects, options are strings)::
+The data source can be used directly too, like ``statestore``::
 
     spark.dataSource.register(StateDataSource)
     spark.read.format("dstl_state").option("batchId", 7).load("/ckpt/clicks")
 
 (options ``metadataUrl``, ``operatorId``, ``batchId``, ``dstlAddress``,
-``keyGroups`` (``"0-15,31"``); the token from ``$DSTL_TOKEN``).
+``keyGroups`` (``"0-15,31"``), ``stateVarName``; the token from
+``$DSTL_TOKEN``); recorded schemas decode, serializers cannot be given.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
+import decimal
 import json
 import os
 import pickle
@@ -128,6 +140,7 @@ from dstl_client.coordinator.metadata import (
     open_metadata_store,
 )
 from dstl_client.coordinator.records import CheckpointRecord
+from dstl_client.coordinator.state_schemas import OperatorSchemas, StateSchema, load_schemas
 from dstl_client.coordinator.storage import CheckpointMissing, CheckpointStorage
 from dstl_client.core.errors import ConfigError, InvalidArgument
 from dstl_client.extras import require_spark
@@ -143,11 +156,13 @@ __all__ = [
     "FORMAT",
     "RESTORE_KEY_GROUPS",
     "SCHEMA_DDL",
+    "CheckpointState",
     "StateRow",
     "StateSpec",
     "iter_record_rows",
     "iter_state_rows",
     "load_checkpoint",
+    "load_state",
     "read_state",
     "retained_checkpoints",
 ]
@@ -221,6 +236,42 @@ def _specs(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    """How a state with a recorded schema is decoded: its codecs (built from the schema)."""
+
+    schema: StateSchema
+    value_codec: Any
+    key_codec: Any = None
+
+    @classmethod
+    def of(cls, schema: StateSchema) -> _Recorded:
+        from dstl_client.processor.codec import RowCodec
+
+        def codec(text: str) -> Any:
+            from pyspark.sql.types import StructType
+
+            return RowCodec(StructType.fromJson(json.loads(text)))
+
+        key = None if schema.key_schema is None else codec(schema.key_schema)
+        return cls(schema, codec(schema.value_schema), key)
+
+
+def _decoders(
+    specs: Mapping[str, StateSpec | Serializer[Any]], schemas: OperatorSchemas | None
+) -> dict[str, StateSpec | Serializer[Any] | _Recorded]:
+    """Per state name: the serializers given, else the recorded schema's codecs."""
+    out: dict[str, StateSpec | Serializer[Any] | _Recorded] = {}
+    if schemas is not None:
+        if any(s.name not in specs for s in schemas.states):
+            require_spark("decoding states by their recorded schemas")
+        for state in schemas.states:
+            if state.name not in specs:
+                out[state.name] = _Recorded.of(state)
+    out.update(specs)
+    return out
+
+
 # ------------------------------------------------------------------- rows
 
 
@@ -243,6 +294,9 @@ class StateRow:
     value_bytes: bytes
     user_key_decoded: bool = False
     value_decoded: bool = False
+    #: a state with a TTL (decoded by its recorded schema): the value's expiry in ms
+    #: (a list state's: one per element); ``None`` otherwise
+    expiry_ms: Any = None
 
     @property
     def user_key_json(self) -> str | None:
@@ -268,9 +322,32 @@ class StateRow:
         )
 
 
+def _plain_json(value: Any) -> Any:
+    """``value`` with ``Row``\\ s as objects (their field names), other containers kept."""
+    if isinstance(value, tuple) and hasattr(value, "asDict"):
+        return {k: _plain_json(v) for k, v in value.asDict().items()}
+    if isinstance(value, list | tuple):
+        return [_plain_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain_json(v) for k, v in value.items()}
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime.date | datetime.datetime | datetime.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).hex()
+    return repr(value)
+
+
 def _json_text(value: Any) -> str:
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr)
+        return json.dumps(
+            _plain_json(value), ensure_ascii=False, separators=(",", ":"), default=_json_default
+        )
     except (TypeError, ValueError):  # e.g. a dict with tuple keys
         return json.dumps(repr(value), ensure_ascii=False)
 
@@ -283,14 +360,16 @@ def _decode(ser: Serializer[Any], data: bytes, what: str) -> Any:
 
 
 def _state_row(
-    kg: int, k: bytes, v: bytes, specs: Mapping[str, StateSpec | Serializer[Any]]
+    kg: int, k: bytes, v: bytes, specs: Mapping[str, StateSpec | Serializer[Any] | _Recorded]
 ) -> StateRow:
     name, key, suffix = decode_state_key(k)
+    spec = specs.get(name)
+    if isinstance(spec, _Recorded):
+        return _recorded_row(kg, name, key, suffix, v, spec)
     is_entry = suffix[:1] == MAP_TAG
     user_key_bytes = suffix[1:] if is_entry else None
     key_text = key.decode("utf-8", "backslashreplace")
     what = f"state {name!r} of key {key_text!r} (key group {kg})"
-    spec = specs.get(name)
     kind: str | None = "map" if is_entry else None
     user_key: Any = user_key_bytes
     value: Any = v
@@ -327,6 +406,64 @@ def _state_row(
         value_bytes=v,
         user_key_decoded=user_key_decoded,
         value_decoded=value_decoded,
+    )
+
+
+def _loads(codec: Any, data: bytes, ttl: bool, what: str) -> tuple[Any, int | None]:
+    """A value of a recorded schema (a ``Row``) and its expiry (states with a TTL)."""
+    from dstl_client.processor.layout import unstamp
+
+    try:
+        expiry = None
+        if ttl:
+            expiry, data = unstamp(data)
+        return codec.loads_row(data), expiry
+    except Exception as exc:
+        raise InvalidArgument(f"{what}: cannot decode with its recorded schema: {exc}") from exc
+
+
+def _recorded_row(
+    kg: int, name: str, key: bytes, suffix: bytes, v: bytes, spec: _Recorded
+) -> StateRow:
+    """A row of a state with a recorded schema: ``Row``\\ s of its schema, expiries apart."""
+    state = spec.schema
+    is_entry = suffix[:1] == MAP_TAG
+    user_key_bytes = suffix[1:] if is_entry else None
+    key_text = key.decode("utf-8", "backslashreplace")
+    what = f"state {name!r} of key {key_text!r} (key group {kg})"
+    if is_entry != (state.kind == "map"):
+        found = "a map entry" if is_entry else "a single row"
+        raise InvalidArgument(f"{what} is {found}, not a {state.kind} state as recorded")
+    ttl = state.ttl_ms is not None
+    user_key: Any = None
+    expiry: Any
+    if state.kind == "list":
+        pairs = [
+            _loads(spec.value_codec, e, ttl, f"{what}, element {i}")
+            for i, e in enumerate(iter_elements(v))
+        ]
+        value: Any = [p[0] for p in pairs]
+        expiry = [p[1] for p in pairs] if ttl else None
+    else:
+        value, expiry = _loads(spec.value_codec, v, ttl, what)
+    if user_key_bytes is not None:
+        try:
+            user_key = spec.key_codec.loads_row(user_key_bytes)
+        except Exception as exc:
+            raise InvalidArgument(f"{what}, map key: cannot decode: {exc}") from exc
+    return StateRow(
+        key_group=kg,
+        key=key_text,
+        state_name=name,
+        state_kind=state.kind,
+        user_key=user_key,
+        value=value,
+        key_bytes=key,
+        user_key_bytes=user_key_bytes,
+        value_bytes=v,
+        user_key_decoded=user_key_bytes is not None,
+        value_decoded=True,
+        expiry_ms=expiry,
     )
 
 
@@ -380,6 +517,14 @@ def retained_checkpoints(
         store.close()
 
 
+@dataclass(frozen=True, slots=True)
+class CheckpointState:
+    """A retained checkpoint's record and the state schemas it names (``None``: none recorded)."""
+
+    record: CheckpointRecord
+    schemas: OperatorSchemas | None
+
+
 def load_checkpoint(
     *,
     checkpoint_dir: str | None = None,
@@ -393,6 +538,26 @@ def load_checkpoint(
 
     Raises :class:`CheckpointMissing` naming what is there instead.
     """
+    return load_state(
+        checkpoint_dir=checkpoint_dir,
+        metadata_url=metadata_url,
+        operator_id=operator_id,
+        batch_id=batch_id,
+        metadata_s3_endpoint_url=metadata_s3_endpoint_url,
+        metadata_s3_region=metadata_s3_region,
+    ).record
+
+
+def load_state(
+    *,
+    checkpoint_dir: str | None = None,
+    metadata_url: str | None = None,
+    operator_id: str = DEFAULT_OPERATOR,
+    batch_id: int | None = None,
+    metadata_s3_endpoint_url: str = "",
+    metadata_s3_region: str = "",
+) -> CheckpointState:
+    """:func:`load_checkpoint`, with the state schema document its record names."""
     location = _location(checkpoint_dir, metadata_url)
     kind, path, _ = check_metadata_url(location)
     if kind == "file" and not Path(path).is_dir():
@@ -426,7 +591,13 @@ def load_checkpoint(
                 f"{', '.join(str(b) for b in retained)} (older checkpoints are dropped with "
                 "their objects, see retain)"
             )
-        return storage.load(batch_id)
+        record = storage.load(batch_id)
+        schemas = (
+            None
+            if record.state_schema is None
+            else load_schemas(store, prefixes[operator_id], record.state_schema)
+        )
+        return CheckpointState(record, schemas)
     finally:
         store.close()
 
@@ -464,15 +635,19 @@ def iter_record_rows(
     serializers: Mapping[str, Serializer[Any] | StateSpec] | None = None,
     key_groups: Iterable[int] | None = None,
     workdir: str | None = None,
+    schemas: OperatorSchemas | None = None,
 ) -> Generator[StateRow, None, None]:
     """The rows of ``record``'s state, by key group then row key.
+
+    States with a schema in ``schemas`` (the document the record names, see
+    :func:`load_state`) decode by it, unless ``serializers`` names them.
 
     Arguments are checked now; the rows are read as the iterator is consumed:
     :data:`RESTORE_KEY_GROUPS` key groups at a time are restored into a
     scratch store under ``workdir`` (default: the temp directory), removed
     when the iterator ends or is closed.
     """
-    specs = _specs(serializers)
+    specs = _decoders(_specs(serializers), schemas)
     kgs = _key_groups(key_groups, record.max_parallelism)
     return _rows(record, client, specs, kgs, workdir)
 
@@ -480,7 +655,7 @@ def iter_record_rows(
 def _rows(
     record: CheckpointRecord,
     client: ChangelogClient,
-    specs: Mapping[str, StateSpec | Serializer[Any]],
+    specs: Mapping[str, StateSpec | Serializer[Any] | _Recorded],
     kgs: Sequence[int],
     workdir: str | None,
 ) -> Generator[StateRow, None, None]:
@@ -529,7 +704,7 @@ def iter_state_rows(
     call; the rows are read as the iterator is consumed.
     """
     specs = _specs(serializers)
-    record = load_checkpoint(
+    found = load_state(
         checkpoint_dir=checkpoint_dir,
         metadata_url=metadata_url,
         operator_id=operator_id,
@@ -538,11 +713,12 @@ def iter_state_rows(
         metadata_s3_region=metadata_s3_region,
     )
     return iter_record_rows(
-        record,
+        found.record,
         client or _client(dstl_address, dstl_token),
         serializers=specs,
         key_groups=key_groups,
         workdir=workdir,
+        schemas=found.schemas,
     )
 
 
@@ -562,12 +738,104 @@ class _Plan:
     token: str | None
     key_groups: tuple[int, ...]
     partitions: int
+    #: the state schema document the record names (its JSON), if any
+    schemas_json: str | None = None
+    #: typed rows of this state only (:func:`typed_schema`); ``None``: every state
+    state_name: str | None = None
 
     def slices(self) -> list[tuple[int, ...]]:
         """The key groups split into ``partitions`` slices of consecutive ones."""
         n = max(1, min(self.partitions, len(self.key_groups)))
         kgs = self.key_groups
         return [kgs[i * len(kgs) // n : (i + 1) * len(kgs) // n] for i in range(n)]
+
+    def schemas(self) -> OperatorSchemas | None:
+        if self.schemas_json is None:
+            return None
+        return OperatorSchemas.from_bytes(self.schemas_json.encode("utf-8"), where="the plan")
+
+    def spark_schema(self) -> Any:
+        """The DataFrame's ``StructType``: :data:`SCHEMA_DDL`, or one state's typed columns."""
+        schemas = self.schemas()
+        if self.state_name is None or schemas is None:
+            return _spark_schema()
+        state = schemas.get(self.state_name)
+        assert state is not None
+        return typed_schema(schemas, state)
+
+
+def _typed_state(
+    schemas: OperatorSchemas | None, state_name: str, record: CheckpointRecord
+) -> StateSchema:
+    """The recorded schema of ``state_name``; :class:`ConfigError` naming what there is."""
+    state = None if schemas is None else schemas.get(state_name)
+    if state is None:
+        recorded = (
+            f"its recorded states are {', '.join(map(repr, schemas.names)) or 'none'}"
+            if schemas is not None
+            else "it records no state schemas (a process_keyed job, or one older than them): "
+            "read every state with serializers instead"
+        )
+        raise ConfigError(
+            f"state {state_name!r} has no recorded schema in batch {record.batch_id} of "
+            f"operator {record.operator_id!r}: {recorded}"
+        )
+    return state
+
+
+def typed_schema(schemas: OperatorSchemas, state: StateSchema) -> Any:
+    """The columns of one state read alone, as Spark's ``statestore`` source gives them.
+
+    ``key`` (a struct of the grouping column), then ``value`` (a value state),
+    ``list_element`` (a list state: one row per element) or ``user_map_key``
+    and ``user_map_value`` (a map state: one row per entry), each a struct of
+    the declared schema; then ``partition_id`` (the subtask holding the key
+    group in the checkpoint) and ``key_group``; with a TTL, ``expiration_ms``.
+    """
+    from pyspark.sql import types as T
+
+    def struct(text: str) -> Any:
+        return T.StructType.fromJson(json.loads(text))
+
+    key_type = T.StringType() if schemas.key_type == "string" else T.LongType()
+    fields = [T.StructField("key", T.StructType([T.StructField(schemas.key_column, key_type)]))]
+    if state.kind == "map":
+        assert state.key_schema is not None
+        fields.append(T.StructField("user_map_key", struct(state.key_schema)))
+        fields.append(T.StructField("user_map_value", struct(state.value_schema)))
+    else:
+        column = "value" if state.kind == "value" else "list_element"
+        fields.append(T.StructField(column, struct(state.value_schema)))
+    fields += [
+        T.StructField("partition_id", T.IntegerType()),
+        T.StructField("key_group", T.IntegerType()),
+    ]
+    if state.ttl_ms is not None:
+        fields.append(T.StructField("expiration_ms", T.LongType()))
+    return T.StructType(fields)
+
+
+def _typed_rows(
+    rows: Iterable[StateRow], schemas: OperatorSchemas, state: StateSchema, record: CheckpointRecord
+) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``state`` as tuples of :func:`typed_schema`."""
+    from dstl_client.processor.runner import KEY_DECODERS
+
+    key_of = KEY_DECODERS[schemas.key_type]
+    subtask = {kg: s.index for s in record.subtasks for kg in range(s.first, s.last + 1)}
+    ttl = state.ttl_ms is not None
+    for r in rows:
+        if r.state_name != state.name:
+            continue
+        head = ((key_of(r.key_bytes),),)
+        tail = (subtask.get(r.key_group), r.key_group)
+        if state.kind == "list":
+            expiries = r.expiry_ms if ttl else [None] * len(r.value)
+            for element, expiry in zip(r.value, expiries, strict=True):
+                yield (*head, element, *tail, *((expiry,) if ttl else ()))
+            continue
+        body = (r.user_key, r.value) if state.kind == "map" else (r.value,)
+        yield (*head, *body, *tail, *((r.expiry_ms,) if ttl else ()))
 
 
 def _parse_key_groups(text: str) -> list[int]:
@@ -583,17 +851,24 @@ def _parse_key_groups(text: str) -> list[int]:
 
 
 def _plan_from_options(options: Mapping[str, str]) -> _Plan:
-    """The plan of a direct ``spark.read.format("dstl_state")`` read (raw bytes only)."""
-    record = load_checkpoint(
+    """The plan of a direct ``spark.read.format("dstl_state")`` read (no serializers: the
+    recorded schemas decode; ``stateVarName`` reads one state's typed columns)."""
+    found = load_state(
         checkpoint_dir=options.get("path") or options.get("checkpointlocation"),
         metadata_url=options.get("metadataurl"),
         operator_id=options.get("operatorid") or DEFAULT_OPERATOR,
         batch_id=int(options["batchid"]) if options.get("batchid") else None,
     )
+    record = found.record
+    state_name = options.get("statevarname") or None
+    if state_name is not None:
+        _typed_state(found.schemas, state_name, record)
     kgs = options.get("keygroups")
     address = options.get("dstladdress") or os.environ.get(ADDRESS_ENV, "")
     return _Plan(
         record_json=record.to_bytes().decode("utf-8"),
+        schemas_json=None if found.schemas is None else found.schemas.to_bytes().decode("utf-8"),
+        state_name=state_name,
         serializers={},
         address=address,
         token=os.environ.get(TOKEN_ENV),
@@ -614,13 +889,13 @@ def _spark_schema() -> Any:
 
 
 def _read_slice(plan: _Plan, key_groups: Sequence[int]) -> Iterator[Any]:
-    """One Spark task: its key groups' rows as Arrow batches of :data:`CHUNK_ROWS` rows."""
+    """One Spark task: its key groups' rows as Arrow batches of :data:`CHUNK_ROWS` rows
+    (one state's typed rows: as tuples, Spark converts them by :func:`typed_schema`)."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    # exactly the schema Spark checks the batches against
-    schema = to_arrow_schema(_spark_schema(), timezone="UTC")
     record = CheckpointRecord.from_bytes(plan.record_json.encode("utf-8"))
+    schemas = plan.schemas()
     # the sidecar of this node, like the job's tasks; else the one the reader was given
     address = os.environ.get(ADDRESS_ENV) or plan.address
     token = os.environ.get(TOKEN_ENV) or plan.token
@@ -630,8 +905,22 @@ def _read_slice(plan: _Plan, key_groups: Sequence[int]) -> Iterator[Any]:
     if workdir:
         os.makedirs(workdir, exist_ok=True)
     rows = iter_record_rows(
-        record, client, serializers=plan.serializers, key_groups=key_groups, workdir=workdir
+        record,
+        client,
+        serializers=plan.serializers,
+        key_groups=key_groups,
+        workdir=workdir,
+        schemas=schemas,
     )
+    if plan.state_name is not None and schemas is not None:
+        state = _typed_state(schemas, plan.state_name, record)
+        try:
+            yield from _typed_rows(rows, schemas, state, record)
+        finally:
+            rows.close()
+        return
+    # exactly the schema Spark checks the batches against
+    schema = to_arrow_schema(_spark_schema(), timezone="UTC")
     chunk: list[tuple[Any, ...]] = []
     try:
         for row in rows:
@@ -666,16 +955,18 @@ else:
         def name(cls) -> str:
             return FORMAT
 
-        def schema(self) -> str:
-            return SCHEMA_DDL
-
-        def reader(self, schema: Any) -> DataSourceReader:
+        def _plan(self) -> _Plan:
             blob = self.options.get(_RESOLVED.lower()) or self.options.get(_RESOLVED)
             if blob:
-                plan = pickle.loads(base64.b64decode(blob))
-            else:
-                plan = _plan_from_options({k.lower(): v for k, v in self.options.items()})
-            return _StateReader(plan)
+                plan: _Plan = pickle.loads(base64.b64decode(blob))
+                return plan
+            return _plan_from_options({k.lower(): v for k, v in self.options.items()})
+
+        def schema(self) -> Any:
+            return self._plan().spark_schema()
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return _StateReader(self._plan())
 
     class _StateReader(DataSourceReader):
         def __init__(self, plan: _Plan) -> None:
@@ -702,18 +993,21 @@ def read_state(
     metadata_s3_endpoint_url: str = "",
     metadata_s3_region: str = "",
     partitions: int | None = None,
+    state_name: str | None = None,
 ) -> Any:
     """A retained checkpoint's state as a DataFrame (columns in the module docstring).
 
     The record is resolved here (errors are raised now); the rows are read
     when an action runs, by ``partitions`` Spark tasks (default: the
     checkpoint's parallelism), each restoring a slice of the key groups.
+    ``state_name`` (Spark's ``stateVarName``): that state's rows only, as typed
+    columns from its recorded schema (:func:`typed_schema`).
     """
     require_spark("read_state")
     from pyspark import cloudpickle
 
     specs = _specs(serializers)
-    record = load_checkpoint(
+    found = load_state(
         checkpoint_dir=checkpoint_dir,
         metadata_url=metadata_url,
         operator_id=operator_id,
@@ -729,8 +1023,18 @@ def read_state(
         )
     if partitions is not None and partitions < 1:
         raise ConfigError(f"partitions={partitions}: must be >= 1")
+    record, schemas = found.record, found.schemas
+    if state_name is not None:
+        _typed_state(schemas, state_name, record)
+        if state_name in specs:
+            raise ConfigError(
+                f"state {state_name!r} read alone has typed columns from its recorded schema: "
+                "give it no serializer"
+            )
     plan = _Plan(
         record_json=record.to_bytes().decode("utf-8"),
+        schemas_json=None if schemas is None else schemas.to_bytes().decode("utf-8"),
+        state_name=state_name,
         serializers=specs,
         address=address,
         token=dstl_token if dstl_token is not None else os.environ.get(TOKEN_ENV),
