@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from dstl_server.grpc_metrics import GrpcMetricsInterceptor
 from dstl_server.hedging import make_uploader
 from dstl_server.housekeeping import StoreHousekeeping
 from dstl_server.memory import release_free_memory
+from dstl_server.memory_rule import warn_if_memory_short
 from dstl_server.metrics import ServerMetrics
 from dstl_server.registry import LogRegistry
 from dstl_server.service import ChangelogService, register
@@ -200,6 +202,8 @@ class DstlServer:
                 "epoch": self.epoch,
             },
         )
+        # the container's memory limit against docs/sidecar.md's rule (one WARNING when short)
+        warn_if_memory_short(s)
         if not self.store_up:
             log.warning(
                 "store %s does not answer yet, health NOT_SERVING until it does: %s",
@@ -247,6 +251,8 @@ class DstlServer:
         if self._stopped.is_set():
             return 0
         self._stopped.set()
+        started = loop_time()
+        before = _DrainCounts.of(self)
         if self._sweeper is not None:
             self._sweeper.cancel()
         await self.health.enter_graceful_shutdown()
@@ -286,7 +292,60 @@ class DstlServer:
         await self.store.close()
         if self.settings.unix_socket:
             Path(self.settings.unix_socket).unlink(missing_ok=True)
+        _log_drained(before, _DrainCounts.of(self), abandoned, loop_time() - started, drained)
         return abandoned
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+@dataclass(frozen=True, slots=True)
+class _DrainCounts:
+    """What the shutdown line compares: counters read at the start and at the end of ``stop``."""
+
+    held_bytes: int
+    flushes: float
+    uploads_ok: float
+    uploads_failed: float
+    uploaded_bytes: float
+
+    @classmethod
+    def of(cls, server: DstlServer) -> _DrainCounts:
+        sample = server.metrics.registry.get_sample_value
+        return cls(
+            held_bytes=server.registry.budget.used,
+            flushes=sample("dstl_flushes_total", {"trigger": "shutdown"}) or 0.0,
+            uploads_ok=sample("dstl_uploads_total", {"result": "ok"}) or 0.0,
+            uploads_failed=sample("dstl_uploads_total", {"result": "failed"}) or 0.0,
+            uploaded_bytes=sample("dstl_upload_bytes_total") or 0.0,
+        )
+
+
+def _log_drained(
+    before: _DrainCounts, after: _DrainCounts, abandoned: int, duration_s: float, drained: bool
+) -> None:
+    """The one INFO line of a finished shutdown: what it flushed, uploaded, cut off and dropped.
+
+    ``held`` is what was appended and not yet uploaded at SIGTERM; what is
+    still held at the end was never asked to persist (no checkpoint can
+    refer to it) and goes with the process.
+    """
+    fields = {
+        "duration_s": round(duration_s, 3),
+        "drained": drained,
+        "held_bytes_at_stop": before.held_bytes,
+        "flushes": int(after.flushes - before.flushes),
+        "uploads_finished": int(after.uploads_ok - before.uploads_ok),
+        "uploaded_bytes": int(after.uploaded_bytes - before.uploaded_bytes),
+        "uploads_failed": int(after.uploads_failed - before.uploads_failed),
+        "persists_abandoned": abandoned,
+        "unpersisted_bytes_dropped": after.held_bytes,
+    }
+    log.info(
+        "shutdown: drained in %(duration_s).2f s: %(flushes)d flush(es), %(uploads_finished)d "
+        "upload(s) finished (%(uploaded_bytes)d bytes), %(uploads_failed)d failed, "
+        "%(persists_abandoned)d persist(s) failed with SHUTTING_DOWN, "
+        "%(unpersisted_bytes_dropped)d bytes never asked to persist dropped",
+        fields,
+        extra=fields,
+    )

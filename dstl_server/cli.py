@@ -1,31 +1,24 @@
-"""``dstl-server``: run one sidecar until SIGTERM/SIGINT."""
+"""``dstl-server``: run one sidecar until SIGTERM/SIGINT; ``dstl-server health``: probe one.
+
+Only the standard library is imported at module level: ``dstl-server health``
+(:mod:`dstl_server.health_probe`, the chart's exec probe) dispatches before
+anything else is imported, so a probe costs an interpreter and no grpcio.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
-import logging
 import re
-import signal
 import sys
 from collections.abc import Sequence
-from dataclasses import MISSING, fields
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from dstl_client.core.errors import ConfigError
-from dstl_client.core.version import package_version
-from dstl_server.settings import (
-    ServerSettings,
-    env_name,
-    flag_name,
-    format_size,
-    is_size,
-    parse_value,
-    unknown_environment,
-)
+if TYPE_CHECKING:
+    from dstl_server.settings import ServerSettings
 
-log = logging.getLogger(__name__)
+#: the logger's name (``logging`` is imported when the server starts, not for a probe)
+LOGGER = __name__
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,6 +36,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _flag_value(name: str, raw: str) -> Any:
+    from dstl_client.core.errors import ConfigError
+    from dstl_server.settings import flag_name, parse_value
+
     try:
         return parse_value(name, raw, flag_name(name))
     except ConfigError as exc:
@@ -50,13 +46,19 @@ def _flag_value(name: str, raw: str) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dataclasses import MISSING, fields
+
+    from dstl_client.core.version import package_version
+    from dstl_server.settings import ServerSettings, env_name, flag_name, format_size, is_size
+
     parser = _Parser(
         prog="dstl-server",
         allow_abbrev=False,  # "--auth-secret" must not silently mean "--auth-secret-file"
         description="Durable Short-term Log sidecar: batches state changes of every "
         "executor on this node into one object per flush.",
         epilog="Every flag can also be set with the DSTL_* environment variable shown; "
-        "a flag wins over the environment.",
+        "a flag wins over the environment. 'dstl-server health --help': one gRPC health "
+        "check of a running sidecar (exit 0 when SERVING), for exec probes.",
     )
     for f in fields(ServerSettings):
         if f.metadata["env_only"]:
@@ -139,6 +141,9 @@ def _ttl(raw: str) -> float:
 
 async def serve(settings: ServerSettings) -> int:
     """Run until SIGTERM/SIGINT; return how many in-flight persists shutdown cut off."""
+    import asyncio
+    import signal
+
     from dstl_server.app import DstlServer
 
     server = DstlServer(settings)
@@ -187,6 +192,7 @@ def _unknown_text(var: str, close: str) -> str:
 
 def _print_token(ns: argparse.Namespace, settings: ServerSettings) -> int:
     """Print the asked-for token of the current secret (expiring with ``--ttl``); exit code."""
+    from dstl_client.core.errors import ConfigError
     from dstl_server.auth import Authenticator, expiry_after
 
     if not settings.auth_secret:
@@ -213,9 +219,21 @@ def _print_token(ns: argparse.Namespace, settings: ServerSettings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["health"]:  # before any import beyond the standard library
+        from dstl_server.health_probe import main as health_main
+
+        return health_main(args[1:])
+    import logging
+    from dataclasses import fields
+
+    from dstl_client.core.errors import ConfigError
+    from dstl_server.settings import ServerSettings, unknown_environment
+
+    log = logging.getLogger(LOGGER)
     parser = build_parser()
     try:
-        ns = parser.parse_args(argv)
+        ns = parser.parse_args(args)
     except SystemExit as exc:  # --help, --version (0) or a bad flag (2, one line printed)
         return exc.code if isinstance(exc.code, int) else 2
     overrides = {
