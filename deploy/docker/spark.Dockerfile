@@ -2,7 +2,7 @@
 # The Spark image of dstl jobs (driver and executors): the official Apache Spark
 # image, plus a Python with dstl and the spark extra's pyarrow and pandas.
 # Build from the repository root (the build context):
-#   docker build -f deploy/docker/spark.Dockerfile -t ghcr.io/dstl-project/dstl-spark:0.1.0 .
+#   docker build -f deploy/docker/spark.Dockerfile -t $REGISTRY/dstl-spark:0.1.0 .
 #
 # The Spark tag (4.3.0 below) must equal the pyspark version of pyproject.toml's
 # spark extra: the JVM and the Python side of PySpark are one release, and the
@@ -13,6 +13,11 @@
 # python3 (3.10), below dstl's floor (requires-python >= 3.11). uv installs a
 # pinned standalone CPython 3.12 instead; the driver and the executors use it
 # (PYSPARK_PYTHON, PYSPARK_DRIVER_PYTHON), so their Python versions agree.
+#
+# `make image-test` does not build this image: its base is the Apache Spark
+# distribution (JVM, Spark's jars, /opt/spark, uid 185), which Debian does not
+# package, and `uv python install` downloads CPython from GitHub (docs/deploy.md).
+# Push it to a registry of your own: nothing is published under ghcr.io/dstl-project.
 
 # ---- builder: the dstl wheel, and uv
 FROM python:3.12-slim-bookworm AS builder
@@ -24,7 +29,10 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY dstl_client ./dstl_client
 COPY dstl_server ./dstl_server
+COPY deploy/docker/constraints.txt ./
+# the versions every package installed below must have (tools/image_constraints.py)
 RUN pip wheel --no-deps --wheel-dir /wheels . \
+    && cp constraints.txt /wheels/ \
     && pip install --no-cache-dir uv==0.13.9
 
 # ---- runtime
@@ -53,7 +61,7 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     --mount=type=bind,from=builder,source=/usr/local/bin/uv,target=/usr/local/bin/uv \
     uv python install 3.12 \
     && uv venv --python 3.12 /opt/dstl \
-    && uv pip install --python /opt/dstl/bin/python \
+    && uv pip install --python /opt/dstl/bin/python --constraint=/wheels/constraints.txt \
        "/wheels/dstl-${DSTL_VERSION}-py3-none-any.whl" "pyarrow>=15" "pandas<3"
 
 ENV PATH=/opt/dstl/bin:${PATH} \

@@ -7,8 +7,11 @@ to check what the chart and the Spark templates rely on: the sidecar image runs
 and tags agree across values.yaml, the docs, the templates and pyproject.toml;
 the Spark base matches pyspark. The builder stage's files are built into a
 wheel, and ``dstl-server`` runs from it with nothing but its runtime
-dependencies importable. The Spark pod templates are validated against the
-Kubernetes schemas and compared with the executor template the chart renders.
+dependencies importable. deploy/docker/constraints.txt pins every package the
+images install (tools/image_constraints.py). The Spark pod templates are
+validated against the Kubernetes schemas and compared with the executor
+template the chart renders. Building and starting the sidecar image for real
+(podman) is ``make image-test`` (tools/image_test.py), not part of this suite.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "deploy" / "docker"
@@ -85,12 +89,29 @@ def parse_dockerfile(text: str) -> list[Instruction]:
     return out
 
 
-def stages(instructions: list[Instruction]) -> list[list[Instruction]]:
-    """The build stages, each starting with its FROM."""
-    result: list[list[Instruction]] = []
+def global_args(instructions: list[Instruction]) -> dict[str, str]:
+    """The ARGs before the first FROM (the only instruction allowed there), with defaults."""
+    found: dict[str, str] = {}
     for ins in instructions:
         if ins.cmd == "FROM":
+            break
+        assert ins.cmd == "ARG", f"line {ins.line}: {ins.cmd} before the first FROM"
+        found.update(key_values(ins.args))
+    return found
+
+
+def stages(instructions: list[Instruction]) -> list[list[Instruction]]:
+    """The build stages, each starting with its FROM; ``${ARG}`` in a FROM is resolved to
+    the default of the global ARG of that name (the image built when none is given)."""
+    defaults = global_args(instructions)
+    result: list[list[Instruction]] = []
+    for ins in instructions:
+        if not result and ins.cmd == "ARG":
+            continue  # a global ARG (global_args)
+        if ins.cmd == "FROM":
             result.append([])
+            args = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], ins.args)
+            ins = Instruction(ins.cmd, args, ins.line)
         assert result, f"line {ins.line}: {ins.cmd} before the first FROM"
         result[-1].append(ins)
     return result
@@ -100,6 +121,11 @@ def key_values(args: str) -> dict[str, str]:
     """``KEY=value KEY2="a b"`` (LABEL, ENV, ARG) as a dict."""
     pairs = (token.partition("=") for token in shlex.split(args))
     return {key: value for key, _, value in pairs}
+
+
+def stage_args(stage: list[Instruction]) -> dict[str, str]:
+    """The ARGs a stage declares, with their defaults (empty: none)."""
+    return {k: v for ins in stage if ins.cmd == "ARG" for k, v in key_values(ins.args).items()}
 
 
 def only_one(stage: list[Instruction], cmd: str) -> Instruction:
@@ -253,10 +279,30 @@ def test_sidecar_image_runs_dstl_server_as_non_root() -> None:
     assert exposed == {VALUES["tcp"]["port"], VALUES["metrics"]["port"]}
 
 
+def test_sidecar_base_is_a_build_argument_defaulting_to_the_public_base() -> None:
+    """``make image-test`` builds on a base of its own; ``docker build`` alone on python:*."""
+    instructions = parse_dockerfile(SIDECAR_DOCKERFILE.read_text())
+    assert global_args(instructions) == {"BASE_IMAGE": "python:3.12-slim-bookworm"}
+    froms = [ins.args for ins in instructions if ins.cmd == "FROM"]
+    assert froms == ["${BASE_IMAGE} AS builder", "${BASE_IMAGE}"]
+    builder, final = dockerfile(SIDECAR_DOCKERFILE)
+    labels = key_values(only_one(final, "LABEL").args)
+    assert labels["org.opencontainers.image.base.name"] == "${BASE_IMAGE}"
+    # the index settings reach the builder only: the final image's history never holds
+    # them (an index URL may carry credentials)
+    assert set(stage_args(builder)) == {"PIP_INDEX_URL", "PIP_NO_INDEX", "PIP_FIND_LINKS"}
+    assert all(value == "" for value in stage_args(builder).values())
+    assert set(stage_args(final)) == {"BASE_IMAGE", "DSTL_VERSION"}
+    assert "BASE_IMAGE" in (ROOT / "tools" / "image_test.py").read_text()
+
+
 def test_sidecar_image_installs_only_the_wheel_and_its_runtime_deps() -> None:
     builder, final = dockerfile(SIDECAR_DOCKERFILE)
     _, wheel = find_command(builder, "pip", "wheel")
     assert "--no-deps" not in wheel  # the dependencies' wheels are built too
+    # ... each at the version the constraints pin
+    assert "--constraint=constraints.txt" in wheel
+    assert "deploy/docker/constraints.txt" in copied_sources(SIDECAR_DOCKERFILE)
     run, install = find_command(final, "pip", "install")
     assert "--mount=type=bind,from=builder,source=/wheels,target=/wheels" in run.args
     assert "--no-index" in install and "--find-links=/wheels" in install
@@ -289,7 +335,7 @@ def test_versions_agree() -> None:
     assert VALUES["image"]["tag"] in ("", VERSION)  # empty: appVersion
     for path in DOCKERFILES:
         final = dockerfile(path)[-1]
-        assert key_values(only_one(final, "ARG").args) == {"DSTL_VERSION": VERSION}
+        assert stage_args(final)["DSTL_VERSION"] == VERSION
         labels = key_values(only_one(final, "LABEL").args)
         assert labels["org.opencontainers.image.version"] == "${DSTL_VERSION}"
         for key in ("title", "description", "source", "licenses", "base.name"):
@@ -298,23 +344,39 @@ def test_versions_agree() -> None:
             labels["org.opencontainers.image.licenses"] == PYPROJECT["project"]["license"]["text"]
         )
         # the base named in the labels is the one built on
-        assert labels["org.opencontainers.image.base.name"].endswith(final[0].args)
+        base_label = labels["org.opencontainers.image.base.name"]
+        if base_label == "${BASE_IMAGE}":  # the build argument, declared in the stage
+            assert "BASE_IMAGE" in stage_args(final)
+        else:
+            assert base_label.endswith(final[0].args)
 
 
 BUILD = re.compile(r"docker build -f deploy/docker/(\w+)\.Dockerfile -t (\S+) \.")
+#: the registry of the build commands: the user's own (nothing is published)
+REGISTRY = "$REGISTRY"
 
 
 def test_image_names_agree() -> None:
-    """The build commands of the docs and of each Dockerfile tag what the chart and Spark use."""
+    """The build commands of the docs and of each Dockerfile tag, in the user's registry,
+    the image names and versions the chart and Spark use; the docs say how to point them
+    there."""
     spark_image = spark_defaults()["spark.kubernetes.container.image"]
-    expected = {"sidecar": f"{SIDECAR_IMAGE}:{VERSION}", "spark": spark_image}
     assert image_ref(spark_image)[1] == VERSION
-    docs = dict(BUILD.findall((ROOT / "docs" / "deploy.md").read_text()))
-    assert docs == expected
+    names = {"sidecar": SIDECAR_IMAGE, "spark": image_ref(spark_image)[0]}
+    expected = {
+        key: f"{REGISTRY}/{name.rpartition('/')[2]}:{VERSION}" for key, name in names.items()
+    }
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    assert dict(BUILD.findall(text)) == expected
     for path in DOCKERFILES:
         (name, tag), *others = BUILD.findall(path.read_text())
         assert others == [] and f"{name}.Dockerfile" == path.name
         assert tag == expected[name]
+    # the defaults cannot be pulled: the docs say so and how to set the user's own
+    assert "cannot be pulled" in text
+    assert f"--set image.repository={REGISTRY}/dstl-sidecar" in text
+    assert f"--conf spark.kubernetes.container.image={expected['spark']}" in text
+    assert "cannot be pulled" in (CHART / "values.yaml").read_text()
 
 
 # ------------------------------------------------------------------- Spark image
@@ -343,6 +405,10 @@ def test_spark_image_installs_dstl_with_the_spark_extra() -> None:
     requirements = [t for t in install[3:] if not t.startswith("-") and t != python]
     wheel, *deps = requirements
     assert wheel == "/wheels/dstl-${DSTL_VERSION}-py3-none-any.whl"
+    # every package at the version the constraints pin (the builder puts them in /wheels)
+    assert "--constraint=/wheels/constraints.txt" in install
+    builder = dockerfile(SPARK_DOCKERFILE)[0]
+    assert find_command(builder, "cp", "constraints.txt", "/wheels/")
     # the spark extra but pyspark, which is the image's own (/opt/spark/python)
     extra = {k: str(r) for k, r in spark_extra().items() if k != "pyspark"}
     assert {canonicalize_name(Requirement(d).name): str(Requirement(d)) for d in deps} == extra
@@ -392,6 +458,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 ROOT / src, context / src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
             )
         else:
+            (context / src).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / src, context / src)
     out = tmp_path_factory.mktemp("wheels")
     result = subprocess.run(
@@ -514,6 +581,46 @@ def test_blocking_finder_really_blocks(wheel: Path, tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "grpc is not a runtime dependency of dstl" in result.stderr
+
+
+# ------------------------------------------------------------------ constraints
+def image_constraints() -> Any:
+    """tools/image_constraints.py, which writes and checks deploy/docker/constraints.txt."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import image_constraints
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    return image_constraints
+
+
+def test_constraints_pin_everything_the_images_install(wheel: Path) -> None:
+    """Every runtime dependency of the built wheel, and the spark extra but pyspark, is
+    pinned to a version its requirements allow; nothing else is pinned."""
+    tool = image_constraints()
+    pins = tool.parse(tool.CONSTRAINTS.read_text())
+    assert tool.problems(pins) == []
+    names = {pin.name for pin in pins}
+    assert runtime_closure(wheel) <= names  # what the sidecar image installs
+    spark = {k for k in spark_extra() if k != "pyspark"}
+    assert spark <= names and "pyspark" not in names  # the Spark image's own
+
+
+def test_constraints_check_finds_a_missing_or_wrong_pin() -> None:
+    """The check above can fail: a pin dropped, one too many, one outside a requirement."""
+    tool = image_constraints()
+    pins = tool.parse(tool.CONSTRAINTS.read_text())
+    by_name = {pin.name: pin for pin in pins}
+    assert "grpcio is installed by the images but not pinned" in tool.problems(
+        [p for p in pins if p.name != "grpcio"]
+    )
+    extra = tool.Pin(canonicalize_name("pyspark"), by_name["grpcio"].version)
+    assert "pyspark is pinned but no image installs it" in tool.problems([*pins, extra])
+    old = tool.Pin(by_name["grpcio"].name, Version("1.0"))
+    wrong = [old if p.name == "grpcio" else p for p in pins]
+    assert [m for m in tool.problems(wrong) if m.startswith("grpcio==1.0 does not satisfy")]
+    with pytest.raises(ValueError, match="not a plain name==version pin"):
+        tool.parse("grpcio>=1.0\n")
 
 
 # ---------------------------------------------------------- Spark pod templates
