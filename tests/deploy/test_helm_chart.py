@@ -30,6 +30,7 @@ from dstl_client.client import ChangelogClient
 from dstl_client.core.errors import ConfigError, Unauthenticated
 from dstl_server.auth import Authenticator
 from dstl_server.cli import build_parser
+from dstl_server.memory_rule import memory_needed, memory_shortfall
 from dstl_server.settings import ServerSettings, env_name
 from dstl_server.testing import ServerProcess
 
@@ -45,6 +46,7 @@ SETTING_ENV = {env: name for name, env, _default, _unit, _doc in ServerSettings.
 DEFAULTS = {name: default for name, _env, default, _unit, _doc in ServerSettings.describe()}
 
 Manifest = dict[str, Any]
+MiB = 1 << 20
 
 #: a node secret dstl-server accepts (32+ characters, 12+ distinct)
 NODE_SECRET = "q7Vx2LmP9rT4wZ8kN3bH6cJ1fD5sGa0y"
@@ -256,8 +258,16 @@ def test_default_daemonset(chart: helm.Chart) -> None:
         ("livenessProbe", ""),
     ):
         command = server[probe_key]["exec"]["command"]
-        assert command[0] == "python3" and command[1] == "-c"
-        assert command[3:] == [f"unix://{sock}", service, "4"]
+        assert command == [
+            "dstl-server",
+            "health",
+            "--address",
+            f"unix://{sock}",
+            "--service",
+            service,
+            "--timeout",
+            "4",
+        ]
     assert server["readinessProbe"]["timeoutSeconds"] == 5
 
     # non-root, read-only, no capabilities; the socket's group is the executors'
@@ -367,8 +377,10 @@ def test_s3_tcp_auth_daemonset(chart: helm.Chart) -> None:
         ("livenessProbe", ""),
     ):
         assert "grpc" not in server[probe_key]
-        assert server[probe_key]["exec"]["command"][3:5] == [
+        assert server[probe_key]["exec"]["command"][2:6] == [
+            "--address",
             "unix:///var/run/dstl/dstl.sock",
+            "--service",
             service,
         ]
     ports = by_name(server["ports"])
@@ -821,10 +833,19 @@ def test_exec_probe_checks_a_real_server(chart: helm.Chart, tmp_path: Path, auth
     sock = tmp_path / "dstl.sock"
 
     def probe(kind: str) -> subprocess.CompletedProcess[str]:
-        python, flag, code, _target, service, timeout = server_c[kind]["exec"]["command"]
-        assert (python, flag) == ("python3", "-c")
+        command = server_c[kind]["exec"]["command"]
+        assert command[:3] == ["dstl-server", "health", "--address"]
+        # the rendered command with the test's socket; python -m dstl_server is dstl-server
         return subprocess.run(
-            [sys.executable, "-c", code, f"unix://{sock}", service, timeout],
+            [
+                sys.executable,
+                "-m",
+                "dstl_server",
+                "health",
+                "--address",
+                f"unix://{sock}",
+                *command[4:],
+            ],
             capture_output=True,
             text=True,
             timeout=30,
@@ -843,7 +864,97 @@ def test_exec_probe_checks_a_real_server(chart: helm.Chart, tmp_path: Path, auth
                 assert job1.discard_objects("job1", []) == 0
         assert server.stop() == 0
     result = probe("readinessProbe")
-    assert result.returncode != 0  # nothing serving: the probe fails
+    assert result.returncode == 1  # nothing serving: the probe fails
+    assert "dstl-server health: unix://" in result.stderr
+
+
+# ------------------------------------------------------------------ memory rule
+def _limit_bytes(quantity: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    return int(quantity[:-2]) * units[quantity[-2:]]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_documented_configuration_satisfies_the_memory_rule(
+    chart: helm.Chart, config: str
+) -> None:
+    """The memory limit rendered fits docs/sidecar.md's rule for the settings rendered."""
+    docs = render(chart, CONFIGS[config])
+    cm = only(docs, "ConfigMap", f"{RELEASE}-config")
+    secrets = {"DSTL_AUTH_SECRET": NODE_SECRET} if "auth" in CONFIGS[config] else {}
+    if CONFIGS[config].get("auth", {}).get("previousSecretKey"):
+        secrets["DSTL_AUTH_PREVIOUS_SECRET"] = NODE_SECRET[::-1]
+    settings = settings_from(cm, **secrets)
+    workloads = [d for d in docs if d["kind"] in ("DaemonSet", "StatefulSet")]
+    if config == "sidecar":
+        workloads = [executor_pod(docs)]
+    servers = [c for doc in workloads for c in _containers(doc) if c["name"] == "dstl"]
+    assert servers
+    for server in servers:
+        limit = _limit_bytes(server["resources"]["limits"]["memory"])
+        assert memory_shortfall(limit, settings) is None, (limit, memory_needed(settings))
+    if config == "defaults":  # the chart's defaults: 512Mi for 488 MiB
+        assert limit == 512 * MiB and memory_needed(settings).total == 488 * MiB
+
+
+@pytest.mark.parametrize("mode", ["daemonset", "sidecar"])
+def test_a_memory_limit_below_the_rule_fails_with_the_numbers(chart: helm.Chart, mode: str) -> None:
+    base: dict[str, Any] = SIDECAR if mode == "sidecar" else {}
+    values = {**base, "resources": {"limits": {"memory": "384Mi"}}}
+    with pytest.raises(helm.HelmRenderError) as failure:
+        render(chart, values)
+    message = " ".join(str(failure.value).split())
+    assert (
+        "dstl: resources.limits.memory 384Mi (384 MiB) is below what dstl-server can hold with "
+        "these settings: 2 x config.maxInFlightBytes (200 MiB) + config.readCacheBytes (64 MiB) "
+        "+ config.maxRequestBytes (64 MiB) + 160 MiB overhead = 488 MiB"
+    ) in message
+    assert "Raise the limit to at least 488 MiB" in message
+    assert 'docs/sidecar.md, "Memory"' in message
+    # the settings count, as dstl-server sees them (null: its default)
+    bigger = {**base, "config": {"maxInFlightBytes": 256 * MiB, "readCacheBytes": None}}
+    with pytest.raises(
+        helm.HelmRenderError, match=r"\(512 MiB\) \+ config.readCacheBytes \(64 MiB\)"
+    ):
+        render(chart, {**bigger, "resources": {"limits": {"memory": "768Mi"}}})
+    render(chart, {**bigger, "resources": {"limits": {"memory": "1Gi"}}})  # 800 MiB fits
+
+
+@pytest.mark.parametrize(
+    ("quantity", "fits"),
+    [
+        ("488Mi", True),
+        ("0.5Gi", True),
+        ("511705088", True),
+        ("511705087", False),
+        ("500M", False),
+        ("1G", True),
+    ],
+)
+def test_the_chart_and_dstl_server_draw_the_line_at_the_same_byte(
+    chart: helm.Chart, quantity: str, fits: bool
+) -> None:
+    """Kubernetes quantities parsed by the chart agree with dstl_server.memory_rule."""
+    need = memory_needed(ServerSettings()).total
+    assert need == 511705088  # 488 MiB
+    limit: Any = int(quantity) if quantity.isdigit() else quantity
+    values = {"resources": {"limits": {"memory": limit}}}
+    if fits:
+        render(chart, values)
+    else:
+        with pytest.raises(helm.HelmRenderError, match="is below what dstl-server can hold"):
+            render(chart, values)
+
+
+def test_a_memory_limit_that_is_no_quantity_fails(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmRenderError, match='"512MB" is not a memory quantity'):
+        render(chart, {"resources": {"limits": {"memory": "512MB"}}})
+
+
+def test_no_memory_limit_nothing_to_check(chart: helm.Chart) -> None:
+    docs = render(chart, {"resources": {"limits": None}})
+    server = container(only(docs, "DaemonSet")["spec"]["template"]["spec"], "dstl")
+    assert "limits" not in server["resources"]
 
 
 def test_sidecar_container_from_a_parent_chart(tmp_path: Path) -> None:

@@ -209,14 +209,64 @@ includes it, so a bad combination fails rendering with one clear message.
 {{- if le (include "dstl.terminationGracePeriodSeconds" . | float64) $grace }}
 {{- fail (printf "dstl: terminationGracePeriodSeconds must exceed config.shutdownGraceS (%v s), or SIGKILL cuts in-flight uploads" $grace) }}
 {{- end }}
+{{- include "dstl.memoryRule" . }}
+{{- end }}
+
+{{/*
+A Kubernetes quantity (resources.limits.memory: 512Mi, 1Gi, 1.5G, 536870912)
+as a number of bytes, printed as a whole number. Arguments: dict "q" (the
+quantity) and "what" (its value's name, for the message).
+*/}}
+{{- define "dstl.quantityBytes" -}}
+{{- if or (kindIs "float64" .q) (kindIs "int" .q) (kindIs "int64" .q) }}
+{{- printf "%.0f" (float64 .q) }}
+{{- else }}
+{{- $q := toString .q | trim }}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" $q }}
+{{- $units := dict "" 1 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 }}
+{{- $suffix := trimPrefix $number $q }}
+{{- if or (not $number) (not (hasKey $units $suffix)) }}
+{{- fail (printf "dstl: %s %q is not a memory quantity dstl checks: a number with an optional suffix Ki, Mi, Gi, Ti, k, M, G or T" .what $q) }}
+{{- end }}
+{{- printf "%.0f" (mulf (float64 $number) (get $units $suffix)) }}
+{{- end }}
+{{- end }}
+
+{{/* Bytes as MiB, as dstl_server.memory_rule.mib writes them (488 MiB, 0.5 MiB). */}}
+{{- define "dstl.mib" -}}
+{{- printf "%.6g MiB" (divf (float64 .) 1048576) }}
+{{- end }}
+
+{{/*
+The sidecar's memory rule (docs/sidecar.md, "Memory"; the same constants as
+dstl_server/memory_rule.py, which dstl-server checks against its cgroup at
+start): resources.limits.memory >= 2 x config.maxInFlightBytes +
+config.readCacheBytes + config.maxRequestBytes + 160 MiB. A setting left null
+counts with dstl-server's default. No memory limit: nothing to check.
+*/}}
+{{- define "dstl.memoryRule" -}}
+{{- $limit := dig "limits" "memory" "" (.Values.resources | default dict) }}
+{{- if $limit }}
+{{- $c := .Values.config }}
+{{- $inFlight := mulf 2 (float64 (ternary 104857600 $c.maxInFlightBytes (kindIs "invalid" $c.maxInFlightBytes))) }}
+{{- $cache := float64 (ternary 67108864 $c.readCacheBytes (kindIs "invalid" $c.readCacheBytes)) }}
+{{- $request := float64 (ternary 67108864 $c.maxRequestBytes (kindIs "invalid" $c.maxRequestBytes)) }}
+{{- $overhead := 167772160.0 }}
+{{- $need := addf $inFlight $cache $request $overhead }}
+{{- $bytes := include "dstl.quantityBytes" (dict "q" $limit "what" "resources.limits.memory") | float64 }}
+{{- if lt $bytes $need }}
+{{- $shown := ternary (toString $limit) (printf "%.0f" $bytes) (kindIs "string" $limit) }}
+{{- fail (printf "dstl: resources.limits.memory %s (%s) is below what dstl-server can hold with these settings: 2 x config.maxInFlightBytes (%s) + config.readCacheBytes (%s) + config.maxRequestBytes (%s) + %s overhead = %s; an OOM kill loses every change not yet persisted on the node. Raise the limit to at least %s or lower those settings (docs/sidecar.md, \"Memory\")" $shown (include "dstl.mib" $bytes) (include "dstl.mib" $inFlight) (include "dstl.mib" $cache) (include "dstl.mib" $request) (include "dstl.mib" $overhead) (include "dstl.mib" $need) (include "dstl.mib" $need)) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
 Readiness and liveness probes. Kubelet gRPC probes speak neither TLS nor Unix
 sockets, and TCP on the pod IP always has TLS (dstl.validate), so an exec probe
-runs the grpc.health.v1 check with the image's Python over the Unix socket (or
-the loopback TCP listener in clear text). A TLS-only listener gets a TCP
-connect probe.
+runs `dstl-server health` (one grpc.health.v1 check, standard library only)
+over the Unix socket (or the loopback TCP listener in clear text). A TLS-only
+listener gets a TCP connect probe.
 */}}
 {{- define "dstl.probeTarget" -}}
 {{- if .Values.unixSocket.enabled }}unix://{{ include "dstl.socketPath" . }}
@@ -234,15 +284,13 @@ tcpSocket:
 {{- else }}
 exec:
   command:
-    - {{ $root.Values.probes.python }}
-    - -c
-    - >-
-      import sys, grpc;
-      from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g;
-      r = g.HealthStub(grpc.insecure_channel(sys.argv[1])).Check(h.HealthCheckRequest(service=sys.argv[2]), timeout=float(sys.argv[3]));
-      sys.exit(r.status != h.HealthCheckResponse.SERVING)
+    - dstl-server
+    - health
+    - --address
     - {{ $target | quote }}
+    - --service
     - {{ .service | quote }}
+    - --timeout
     - {{ max 1 (sub (int .probe.timeoutSeconds) 1) | quote }}
 {{- end }}
 periodSeconds: {{ .probe.periodSeconds }}
