@@ -542,7 +542,8 @@ def test_dstl_server_runs_from_the_wheel_with_runtime_deps_only(
     closure = runtime_closure(wheel)
     assert {"grpcio", "protobuf", "aioboto3"} <= closure
     assert not {"pyspark", "pytest", "pyarrow", "pandas"} & closure
-    # every other installed package, the dev install of this repository's loadtest too
+    # every other installed package (the benchmarks, loadtest, are not installed: the
+    # child runs isolated in tmp_path, so it cannot import them from the checkout either)
     blocked = sorted(
         top
         for top, dists in md.packages_distributions().items()
@@ -550,7 +551,7 @@ def test_dstl_server_runs_from_the_wheel_with_runtime_deps_only(
         and top not in sys.stdlib_module_names
         and top not in ("dstl_client", "dstl_server")  # from the wheel (asserted there)
     )
-    assert {"pyspark", "pytest", "pyarrow", "loadtest"} <= set(blocked)
+    assert {"pyspark", "pytest", "pyarrow"} <= set(blocked)
     unpacked = tmp_path / "site"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(unpacked)
