@@ -41,6 +41,7 @@ from typing import Any
 from dstl_client.bounded.runner import BOUNDED_BATCH_ID
 from dstl_client.bounded.task import BoundedTaskSpec, bounded_task
 from dstl_client.core.errors import ConfigError
+from dstl_client.extras import require_spark
 from dstl_client.processor.task import INIT_COLUMN
 from dstl_client.processor.transform import (
     _check_processor,
@@ -150,6 +151,7 @@ def process_bounded(
 
     Returns the output DataFrame (lazy: nothing runs until an action).
     """
+    require_spark("process_bounded")
     from pyspark import cloudpickle
     from pyspark.sql import functions as F
 

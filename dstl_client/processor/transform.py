@@ -35,6 +35,7 @@ from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.messages import BatchPlan
 from dstl_client.coordinator.state_schemas import OperatorSchemas, declared_of
 from dstl_client.core.errors import ConfigError, InvalidArgument
+from dstl_client.extras import require_spark
 from dstl_client.processor.api import time_mode_of
 from dstl_client.processor.codec import RowCodec
 from dstl_client.processor.conf import merged_options
@@ -135,6 +136,7 @@ def transform_with_state(
     its position), ``parallelism`` and ``max_parallelism``, the rest is the
     query's, given to the first stage or the writer (:mod:`.pipeline`).
     """
+    require_spark("transform_with_state")
     from pyspark import cloudpickle
 
     from dstl_client.bounded import process_bounded, sorted_mode  # here: an import cycle

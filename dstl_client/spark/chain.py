@@ -54,6 +54,7 @@ from typing import Any
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.messages import BatchPlan, TaskResult
 from dstl_client.core.errors import ConfigError
+from dstl_client.extras import require_spark
 from dstl_client.spark.keyed import (
     BatchHooks,
     KeyedSchemas,
@@ -160,6 +161,7 @@ def process_chain(
     operator id and, if it sets one, the parallelism. The sink gets the last
     stage's output. Returns the started :class:`ChainQuery`.
     """
+    require_spark("process_chain")
     opts = KeyedOptions.of(config, options)
     if not stages:
         raise ConfigError("a chain needs at least one stage")

@@ -68,6 +68,7 @@ from dstl_client.coordinator.messages import BatchPlan, TaskResult
 from dstl_client.coordinator.rest import CheckpointConfigServer
 from dstl_client.coordinator.state_schemas import OperatorSchemas
 from dstl_client.core.errors import ConfigError
+from dstl_client.extras import require_spark
 from dstl_client.keygroups import partition_sql
 from dstl_client.spark.options import KeyedOptions
 from dstl_client.spark.query import DstlQuery, QueryStopping, source_progress, trigger_of
@@ -133,6 +134,7 @@ def process_keyed(
     in sorted single-key mode instead (:func:`dstl_client.bounded.process_bounded`:
     no checkpoints, no sidecar) and the result is a DataFrame.
     """
+    require_spark("process_keyed")
     from dstl_client.bounded import process_bounded, sorted_mode  # here: an import cycle
 
     if sorted_mode(df, execution_mode):

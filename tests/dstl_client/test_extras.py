@@ -12,6 +12,21 @@ from dstl_client.extras import SPARK_INSTALL, require_spark
 #: each public entry point of the Spark integration, called as a user would
 ENTRY_POINTS = {
     "read_state": "from dstl_client.spark import read_state; read_state(None, checkpoint_dir='x')",
+    "transform_with_state": (
+        "from dstl_client.processor import transform_with_state\n"
+        "transform_with_state(None, processor=None, output_schema='a int')"
+    ),
+    "process_keyed": (
+        "from dstl_client.spark import process_keyed\n"
+        "process_keyed(None, key='k', fn=None, output_schema='a int')"
+    ),
+    "process_chain": (
+        "from dstl_client.spark import process_chain\nprocess_chain(None, stages=[])"
+    ),
+    "process_bounded": (
+        "from dstl_client.bounded import process_bounded\n"
+        "process_bounded(None, key='k', fn=None, output_schema='a int')"
+    ),
 }
 
 
