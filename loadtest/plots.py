@@ -32,8 +32,8 @@ from typing import Any
 DPI = 100
 #: the figure size (inches) of one-panel plots; two panels use twice the width
 FIGSIZE = (8.0, 4.8)
-#: characters per line of a figure's title (longer titles wrap)
-TITLE_WIDTH = 100
+#: characters per line of a figure's title per inch of its width (longer titles wrap)
+TITLE_CHARS_PER_INCH = 13
 
 
 class PlotInputError(ValueError):
@@ -160,11 +160,15 @@ def _finite(values: Sequence[float], what: str) -> None:
         raise PlotInputError(f"{what}: values must be finite, got {bad[:3]}")
 
 
-def _save(fig: Any, path: Path, title: str) -> Path:
+def _save(fig: Any, path: Path, title: str, bottom: float = 0.0) -> Path:
+    """Title, lay out (leaving ``bottom``, a share of the height, for a figure legend), write."""
     if title:
         # wrapped: suptitle does not, and a long caption would be cut at the edges
-        fig.suptitle("\n".join(textwrap.wrap(title, TITLE_WIDTH)), fontsize="medium")
-    fig.tight_layout()
+        fig.suptitle(
+            "\n".join(textwrap.wrap(title, round(fig.get_figwidth() * TITLE_CHARS_PER_INCH))),
+            fontsize="medium",
+        )
+    fig.tight_layout(rect=(0.0, bottom, 1.0, 1.0))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
     return path
@@ -173,30 +177,40 @@ def _save(fig: Any, path: Path, title: str) -> Path:
 def draw_checkpoint_vs_state(
     series: Sequence[Series], path: Path, title: str = "", xlabel: str = "state size (MB)"
 ) -> Path:
-    """Checkpoint time (ms, log scale) against state size (MB), one line per mode.
+    """Checkpoint time (ms, log scale) per batch, one colour per mode, in two panels:
+    (a) against state size (MB), one point per batch (no lines: a store's reported
+    size need not grow monotonically); (b) in batch order, as lines.
 
     ``series``: per mode, ``xs`` = state MB and ``ys`` = checkpoint ms of each
-    batch. A checkpoint of 0 ms (a store that reports whole milliseconds) is
-    drawn at the axis floor rather than dropped. Returns ``path``.
+    batch, in batch order. A checkpoint of 0 ms (a store that reports whole
+    milliseconds) is drawn at the axis floor rather than dropped. Returns ``path``.
     """
     _require(series, "series")
     for s in series:
         _finite(s.xs, f"series {s.label!r}")
         _finite(s.ys, f"series {s.label!r}")
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=FIGSIZE)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(FIGSIZE[0] * 1.5, FIGSIZE[1]), sharey=True)
     try:
         positive = [y for s in series for y in s.ys if y > 0]
         floor = min(positive, default=1.0) / 2
-        for s in series:
-            ax.plot(s.xs, [max(y, floor) for y in s.ys], marker="o", markersize=3, label=s.label)
-        ax.set_yscale("log")
-        plain_log_axis(ax.yaxis)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("checkpoint time per batch (ms, log)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small")
-        return _save(fig, path, title)
+        for i, s in enumerate(series):
+            ys = [max(y, floor) for y in s.ys]
+            ax1.plot(s.xs, ys, "o", markersize=4, color=f"C{i}", label=s.label)
+            ax2.plot(range(len(ys)), ys, marker="o", markersize=3, color=f"C{i}", label=s.label)
+        ax1.set_yscale("log")
+        plain_log_axis(ax1.yaxis)
+        ax1.set_xlabel(xlabel)
+        ax1.set_ylabel("checkpoint time per batch (ms, log)")
+        ax1.set_title("(a) against state size")
+        ax2.set_xlabel("micro-batch")
+        ax2.set_title("(b) per batch")
+        for ax in (ax1, ax2):
+            ax.grid(True, which="both", alpha=0.3)
+        # below both panels: the points fill the panels' corners
+        handles, labels = ax2.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=len(series), fontsize="small")
+        return _save(fig, path, title, bottom=0.08)
     finally:
         plt.close(fig)
 

@@ -92,7 +92,7 @@ def engines() -> list[EngineBatches]:
 def test_checkpoint_vs_state_writes_a_small_png(tmp_path: Path) -> None:
     out = draw_checkpoint_vs_state(checkpoint_series(), tmp_path / "sub" / "c.png", "a title")
     assert out == tmp_path / "sub" / "c.png"
-    assert_small_png(out)
+    assert_small_png(out, width=FIGSIZE[0] * 1.5)
 
 
 @needs_matplotlib
@@ -198,7 +198,7 @@ def test_spark_bench_replots_a_finished_runs_results(tmp_path: Path) -> None:
     results = tmp_path / "results.json"
     results.write_text(json.dumps(_spark_results()))
     assert _spark_bench().main(["--replot", str(results)]) == 0
-    assert_small_png(tmp_path / "checkpoint-vs-state.png")
+    assert_small_png(tmp_path / "checkpoint-vs-state.png", width=FIGSIZE[0] * 1.5)
 
 
 def test_spark_bench_refuses_results_without_batches(tmp_path: Path) -> None:
