@@ -288,7 +288,11 @@ def draw_batch_time_by_engine(
         ax1.set_ylim(0, max(medians) / 1000 * 1.2 if max(medians) > 0 else 1.0)
         ax1.grid(True, axis="y", alpha=0.3)
         warm = max(e.warmup for e in engines)
-        ax1.set_title(f"(a) median after {warm} warm-up batch(es)" if warm else "(a) median")
+        ax1.set_title(
+            f"(a) median after {warm} warm-up batch{'es' if warm > 1 else ''}"
+            if warm
+            else "(a) median"
+        )
         for i, e in enumerate(engines):
             ax2.plot(
                 e.batch_ids,
