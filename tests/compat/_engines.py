@@ -145,9 +145,11 @@ def run_spark(case: Case, spark: Any, workdir: Path) -> Rows:
             .outputMode("update")
             .start()
         )
+        done.watch(str(q.id))
         try:
-            if not done.consumed.wait(QUERY_TIMEOUT_S):
-                raise TimeoutError(
+            done.consumed.wait(QUERY_TIMEOUT_S)
+            if done.rows < total:
+                raise RuntimeError(
                     f"{case.name}: Spark's query read {done.rows} of {total} rows "
                     f"in {QUERY_TIMEOUT_S} s ({q.exception()})"
                 )
@@ -161,33 +163,60 @@ def run_spark(case: Case, spark: Any, workdir: Path) -> Rows:
 
 
 class _InputConsumed(StreamingQueryListener):  # type: ignore[misc]
-    """Sets :attr:`consumed` once the query's batches have read ``total`` input rows.
+    """Sets :attr:`consumed` once query :attr:`query_id` has read ``total`` input rows (or
+    ended). Events of other queries (an earlier query's late ones too) are kept apart.
 
-    Called on Spark's listener thread; :attr:`consumed` is read by the test's.
+    Called on Spark's listener thread; :meth:`watch` and the results by the test's.
     """
 
     def __init__(self, total: int) -> None:
         self.total = total
-        self.rows = 0
-        self.last_batch: int | None = None
         self.consumed = threading.Event()
+        self._lock = threading.Lock()
+        self._query_id: str | None = None
+        self._rows: dict[str, int] = {}
+        self._last: dict[str, int] = {}
+        self._ended: set[str] = set()
+
+    def watch(self, query_id: str) -> None:
+        with self._lock:
+            self._query_id = query_id
+            self._check()
+
+    @property
+    def rows(self) -> int:
+        with self._lock:
+            return self._rows.get(self._query_id or "", 0)
+
+    @property
+    def last_batch(self) -> int | None:
+        with self._lock:
+            return self._last.get(self._query_id or "")
+
+    def _check(self) -> None:
+        q = self._query_id
+        if q is not None and (self._rows.get(q, 0) >= self.total or q in self._ended):
+            self.consumed.set()
 
     def onQueryStarted(self, event: Any) -> None:
         pass
 
     def onQueryProgress(self, event: Any) -> None:
         progress = event.progress
-        if progress.numInputRows > 0:
-            self.rows += progress.numInputRows
-            self.last_batch = progress.batchId
-        if self.rows >= self.total:
-            self.consumed.set()
+        with self._lock:
+            if progress.numInputRows > 0:
+                qid = str(progress.id)
+                self._rows[qid] = self._rows.get(qid, 0) + progress.numInputRows
+                self._last[qid] = progress.batchId
+            self._check()
 
     def onQueryIdle(self, event: Any) -> None:
         pass
 
     def onQueryTerminated(self, event: Any) -> None:
-        pass
+        with self._lock:
+            self._ended.add(str(event.id))  # failed or stopped: no more rows will come
+            self._check()
 
 
 def run_dstl(case: Case, spark: Any, workdir: Path, address: str) -> Rows:

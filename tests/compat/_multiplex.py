@@ -34,9 +34,21 @@ DTYPES = "_dtypes"
 
 
 def py(value: Any) -> Any:
-    """A NumPy / pandas scalar as its Python value; anything else as is."""
-    if type(value).__module__.startswith("numpy") and hasattr(value, "item"):
+    """A NumPy scalar as its Python value; anything else (arrays too) as is."""
+    if type(value).__module__.startswith("numpy") and getattr(value, "ndim", None) == 0:
         return value.item()
+    return value
+
+
+def deep_py(value: Any) -> Any:
+    """``value`` with NumPy arrays as lists and NumPy scalars as Python values, recursively
+    (what pandas hands over for array, map and struct columns, made storable)."""
+    if type(value).__module__.startswith("numpy"):
+        return deep_py(value.tolist()) if getattr(value, "ndim", 0) else value.item()
+    if isinstance(value, dict):
+        return {k: deep_py(v) for k, v in value.items()}
+    if isinstance(value, list | tuple) and not hasattr(value, "asDict"):
+        return type(value)(deep_py(v) for v in value)
     return value
 
 
