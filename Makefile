@@ -57,7 +57,7 @@ proto-check: $(STAMP)
 	$(PY) tools/gen_proto.py --check
 
 pytest: $(STAMP)
-	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra --durations=30 $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 
