@@ -28,8 +28,15 @@ field names (:meth:`RowCodec.loads_row`); nested structs decode as
 ``Row``\\ s, arrays as lists and maps as dicts, as Spark's state clients
 return them.
 
-Values of the wrong type or out of range raise
-:class:`~dstl_client.core.errors.InvalidArgument`. A codec is immutable: safe
+A field stores a value of its type, or one its type holds exactly: NumPy
+and pandas scalars, a NumPy array in an array field (as a list), a whole
+``float`` in an integer field, an ``int`` in a float, double or decimal
+field, ``0`` / ``1`` in a boolean field. Anything else (``1.7`` in an
+integer field, a ``str`` in a number field, ``(key, value)`` pairs in a map
+field, an integer out of the field's range) raises
+:class:`~dstl_client.core.errors.InvalidArgument` naming the field, where
+Spark 4.3 stores ``null`` (or the integer's low bits) without a word: a
+value is kept as given or refused, never lost. A codec is immutable: safe
 from any thread.
 """
 
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import reprlib
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -55,10 +63,15 @@ _INT_BITS = {"ByteType": 8, "ShortType": 16, "IntegerType": 32, "LongType": 64}
 
 
 def _plain(value: Any) -> Any:
-    """NumPy / pandas scalars as Python values (duck-typed: no NumPy import)."""
+    """NumPy / pandas scalars as Python values (duck-typed: no NumPy import).
+
+    A NumPy array (``ndim`` at least 1, what pandas hands over for an array
+    column) stays as it is: an array field takes it as a list
+    (:func:`_array_codec`), any other field refuses it.
+    """
     mod = type(value).__module__
     if mod.startswith("numpy") and hasattr(value, "item"):
-        return value.item()
+        return value.item() if getattr(value, "ndim", 0) == 0 else value
     if mod.startswith("pandas"):
         if repr(value) in ("<NA>", "NaT"):
             return None
@@ -67,6 +80,11 @@ def _plain(value: Any) -> Any:
         if hasattr(value, "to_pytimedelta"):
             return value.to_pytimedelta()
     return value
+
+
+def _shown(value: Any) -> str:
+    """``value`` for an error message: its type and a bounded ``repr``."""
+    return f"{type(value).__name__} {reprlib.repr(value)}"
 
 
 def _zigzag(n: int, out: bytearray) -> None:
@@ -88,9 +106,9 @@ def _int_encoder(bits: int, type_name: str) -> Encoder:
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             else:
-                raise InvalidArgument(f"{type_name} needs an integer, not {value!r}")
+                raise InvalidArgument(f"{type_name} needs an integer, not {_shown(value)}")
         if not low <= value <= high:
-            raise InvalidArgument(f"{value} does not fit a {type_name}")
+            raise InvalidArgument(f"{value} does not fit {type_name}")
         out += encode_varint((value << 1) ^ (value >> 63))
 
     return enc
@@ -100,7 +118,7 @@ def _float_encoder(fmt: struct.Struct, type_name: str) -> Encoder:
     def enc(value: Any, out: bytearray) -> None:
         value = _plain(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidArgument(f"{type_name} needs a number, not {value!r}")
+            raise InvalidArgument(f"{type_name} needs a number, not {_shown(value)}")
         try:
             out += fmt.pack(value)
         except (struct.error, OverflowError) as exc:
@@ -122,8 +140,8 @@ def _float_decoder(fmt: struct.Struct) -> Decoder:
 
 def _enc_bool(value: Any, out: bytearray) -> None:
     value = _plain(value)
-    if not isinstance(value, bool | int):
-        raise InvalidArgument(f"boolean needs a bool, not {value!r}")
+    if not (isinstance(value, bool) or (isinstance(value, int) and value in (0, 1))):
+        raise InvalidArgument(f"boolean needs a bool, not {_shown(value)}")
     out.append(1 if value else 0)
 
 
@@ -135,7 +153,7 @@ def _dec_bool(data: bytes, pos: int) -> tuple[Any, int]:
 
 def _enc_str(value: Any, out: bytearray) -> None:
     if not isinstance(value, str):
-        raise InvalidArgument(f"string needs a str, not {value!r}")
+        raise InvalidArgument(f"string needs a str, not {_shown(value)}")
     b = value.encode("utf-8")
     out += encode_varint(len(b))
     out += b
@@ -168,7 +186,7 @@ def _enc_date(value: Any, out: bytearray) -> None:
     if isinstance(value, datetime.datetime):
         value = value.date()
     if not isinstance(value, datetime.date):
-        raise InvalidArgument(f"date needs a datetime.date, not {value!r}")
+        raise InvalidArgument(f"date needs a datetime.date, not {_shown(value)}")
     _zigzag(value.toordinal() - _EPOCH, out)
 
 
@@ -183,7 +201,7 @@ def _micros_codec(spark_type: Any, type_name: str) -> tuple[Encoder, Decoder]:
     def enc(value: Any, out: bytearray) -> None:
         value = _plain(value)
         if not isinstance(value, datetime.datetime):
-            raise InvalidArgument(f"{type_name} needs a datetime, not {value!r}")
+            raise InvalidArgument(f"{type_name} needs a datetime, not {_shown(value)}")
         _zigzag(int(spark_type.toInternal(value)), out)
 
     def dec(data: bytes, pos: int) -> tuple[Any, int]:
@@ -203,7 +221,7 @@ def _decimal_codec(precision: int, scale: int) -> tuple[Encoder, Decoder]:
     def enc(value: Any, out: bytearray) -> None:
         value = _plain(value)
         if isinstance(value, bool) or not isinstance(value, decimal.Decimal | int | float):
-            raise InvalidArgument(f"decimal needs a Decimal, not {value!r}")
+            raise InvalidArgument(f"decimal needs a Decimal, not {_shown(value)}")
         d = decimal.Decimal(value)
         if not d.is_finite():
             raise InvalidArgument(f"decimal cannot hold {value!r}")
@@ -336,7 +354,11 @@ def _map_codec(map_type: Any) -> tuple[Encoder, Decoder]:
 
     def enc(value: Any, out: bytearray) -> None:
         if not isinstance(value, dict):
-            raise InvalidArgument(f"map needs a dict, not {type(value).__name__}")
+            hint = ""
+            if isinstance(value, list) and all(isinstance(e, tuple) and len(e) == 2 for e in value):
+                # what a Row's map column holds (both engines); Spark 4.3 stores null for it
+                hint = " (a Row's map column holds (key, value) pairs: pass dict(value))"
+            raise InvalidArgument(f"map needs a dict, not {type(value).__name__}{hint}")
         entries: list[tuple[bytes, bytes]] = []
         for k, v in value.items():
             k = _plain(k)

@@ -6,6 +6,7 @@ import datetime
 import decimal
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -173,6 +174,56 @@ def test_the_encoding_is_compact() -> None:
 def test_bad_values_are_refused_with_the_field_named(schema: str, value: Any, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         RowCodec(schema).dumps(value)
+
+
+def test_numpy_arrays_are_stored_as_lists() -> None:
+    """What pandas hands over for array columns (1-D and object arrays) goes into state as the
+    list it holds (the NumPy array used to reach ``.item()``: a bare ``ValueError``)."""
+    codec = RowCodec(
+        "a array<int>, s array<string>, aa array<array<int>>, st array<struct<p: int>>, "
+        "one array<bigint>, m map<string, array<double>>"
+    )
+    value = (
+        np.array([1, 2, 3], dtype=np.int32),
+        np.array(["x", None], dtype=object),
+        np.array([np.array([1, 2]), np.array([3])], dtype=object),
+        np.array([{"p": 1}, None], dtype=object),
+        np.array([7]),
+        {"k": np.array([0.5, 1.5])},
+    )
+    got = codec.loads(codec.dumps(value))
+    assert got == ([1, 2, 3], ["x", None], [[1, 2], [3]], [Row(p=1), None], [7], {"k": [0.5, 1.5]})
+    assert codec.dumps(value) == codec.dumps(got)
+    grid = RowCodec("g array<array<long>>")
+    assert grid.loads(grid.dumps((np.arange(4).reshape(2, 2),))) == ([[0, 1], [2, 3]],)
+
+
+@pytest.mark.parametrize(
+    ("schema", "value", "message"),
+    [
+        ("n long", (np.array([1, 2]),), "field 'n': bigint needs an"),
+        ("n int", (1.7,), "field 'n': int needs an integer, not float 1.7"),
+        ("x double", (decimal.Decimal("1.5"),), "field 'x': double needs a number"),
+        ("b boolean", (5,), "field 'b': boolean needs a bool, not int 5"),
+        ("n int", ("3",), "field 'n': int needs an integer"),
+        ("n int", (2**40 + 3,), "field 'n': 1099511627779 does not fit int"),
+        ("m map<string, int>", ([("a", 1)],), r"field 'm': map needs a dict.*pass dict\(value\)"),
+        ("s struct<m: map<string, int>>", ({"m": [("a", 1)]},), "field 's': field 'm': map"),
+    ],
+)
+def test_a_value_its_field_cannot_hold_is_refused_with_the_field_named(
+    schema: str, value: Any, message: str
+) -> None:
+    """Where Spark 4.3 stores null (or an integer's low bits), dstl refuses: never a lost value."""
+    with pytest.raises(InvalidArgument, match=message):
+        RowCodec(schema).dumps(value)
+
+
+def test_a_value_its_field_holds_exactly_is_kept_in_the_fields_type() -> None:
+    codec = RowCodec("n int, x double, f float, d decimal(5, 2), b boolean, l bigint")
+    got = codec.loads(codec.dumps((2.0, 5, 3, 1, 1, np.float64(4.0))))
+    assert got == (2, 5.0, 3.0, decimal.Decimal("1.00"), True, 4)
+    assert [type(v) for v in got] == [int, float, float, decimal.Decimal, bool, int]
 
 
 def test_truncated_bytes_are_refused() -> None:
