@@ -93,13 +93,16 @@ class BatchTimes:
 
     #: the batch's processing time (Spark's batch timestamp), ms
     processing_ms: int = NO_TIME
-    #: the event-time watermark event-time timers fire at, ms (``-1``: no event time)
+    #: the batch's watermark, ms: event-time timers fire at it; ``0`` before any event
+    #: time and in a query without one (Spark's ``batchWatermarkMs``); ``-1``: not read
     watermark_ms: int = NO_TIME
     #: input rows with an event time at or before it are late (``-1``: none are)
     late_watermark_ms: int = NO_TIME
 
     def timer_values(self, time_mode: str) -> TimerValues:
-        """What ``handle*`` calls see (``-1`` for both in time mode ``"None"``, as in Spark)."""
+        """What ``handle*`` calls see, as in Spark 4.3: ``-1`` for both in time mode
+        ``"None"``; else the batch's timestamp and watermark, which is ``0`` in a query
+        without event time (time mode ProcessingTime) and before the first watermark."""
         if time_mode == "None":
             return TimerValues(NO_TIME, NO_TIME)
         return TimerValues(self.processing_ms, self.watermark_ms)
@@ -137,18 +140,19 @@ def times_from_offsets(
 ) -> BatchTimes:
     """The times of a batch from its offsets log entry (and the previous batch's).
 
-    ``batchTimestampMs`` is the processing time; with ``event_time``,
-    ``batchWatermarkMs`` is the watermark (``0`` before any event time, as in
-    Spark) and ``previous``'s the lateness bound (this entry's if there is
-    no previous one, as in Spark's first batch).
+    ``batchTimestampMs`` is the processing time and ``batchWatermarkMs`` the
+    watermark (``0`` before any event time and in a query without one, as in
+    Spark, whose ``TimerValues`` give it in time mode ProcessingTime too);
+    with ``event_time``, ``previous``'s watermark is the lateness bound (this
+    entry's if there is no previous one, as in Spark's first batch).
     """
     meta = _metadata(entry)
     if "batchTimestampMs" not in meta:
         raise InvalidArgument("the offsets log entry of the batch has no batch timestamp")
     processing = int(meta["batchTimestampMs"])
-    if not event_time:
-        return BatchTimes(processing_ms=processing)
     watermark = int(meta.get("batchWatermarkMs", 0))
+    if not event_time:
+        return BatchTimes(processing_ms=processing, watermark_ms=watermark)
     before = _metadata(previous)
     late = int(before["batchWatermarkMs"]) if "batchWatermarkMs" in before else watermark
     return BatchTimes(processing_ms=processing, watermark_ms=watermark, late_watermark_ms=late)

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import datetime
 import decimal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from pyspark.sql import Row
 
 from tests.compat._multiplex import DTYPES, OUTPUT_COLUMNS, Sub, deep_py
 
@@ -65,6 +68,10 @@ class TypeSub(Sub):
                 # pandas hands an integer column with nulls as float64 (both engines); a
                 # processor casts back (Spark would store a float in an integer field as null)
                 x = int(x)
+            if self.ddl.startswith("map<") and isinstance(x, list):
+                # a Row's map column holds (key, value) pairs on both engines (pyarrow's
+                # as_py); state wants a dict (Spark stores pairs as null, dstl refuses them)
+                x = dict(x)
             seen: list[Any] = ["input", _type(raw), _repr(raw), r.get(DTYPES, {}).get(self.column)]
             if self.in_state and not key.endswith(":null"):
                 self.v.update((x,))
@@ -112,6 +119,93 @@ def _fields(value: Any) -> Any:
     return ("no asDict", _type(value))
 
 
+@dataclass(frozen=True)
+class Probe:
+    """A value of another Python type than the state field's: what each engine makes of it."""
+
+    label: str
+    ddl: str
+    #: the value (a factory: NumPy arrays are made afresh in each call)
+    value: Callable[[], Any]
+    #: what Spark 4.3 stores (``None``: null) and dstl (:data:`REFUSED`: ``InvalidArgument``
+    #: naming the field), compared by ``test_types``
+    spark: Any
+    dstl: Any
+
+
+REFUSED = "refused"
+
+
+def _np_structs() -> Any:
+    import numpy as np
+
+    return np.array([{"a": 1}], dtype=object)
+
+
+def _np_float() -> Any:
+    import numpy as np
+
+    return np.float64(4.0)
+
+
+#: Spark 4.3 stores ``null`` for a Python value its JVM side does not expect for the field
+#: (and an int's low bits, and an int's text in a string field); dstl keeps a value its
+#: field holds exactly and refuses any other (the table's deliberate choice)
+PROBES: tuple[Probe, ...] = (
+    Probe("float in int", "int", lambda: 1.7, None, REFUSED),
+    Probe("whole float in int", "int", lambda: 2.0, None, 2),
+    Probe("numpy float in bigint", "bigint", _np_float, None, 4),
+    Probe("int in double", "double", lambda: 5, None, 5.0),
+    Probe("int in float", "float", lambda: 5, None, 5.0),
+    Probe("str in int", "int", lambda: "3", None, REFUSED),
+    Probe("int in string", "string", lambda: 5, "5", REFUSED),
+    Probe("int beyond int", "int", lambda: 2**40 + 3, 3, REFUSED),
+    Probe("int in boolean", "boolean", lambda: 1, None, True),
+    Probe("pairs in map", "map<string,int>", lambda: [("a", 1)], None, REFUSED),
+    Probe("numpy array in array", "array<struct<a:int>>", _np_structs, [Row(a=1)], [Row(a=1)]),
+)
+
+
+class Coerce(Sub):
+    """Each :class:`Probe`'s value into a value state of its field's type, then read back.
+
+    Outputs ``(label, "stored", repr(value read))`` or ``(label, "refused", exception type,
+    whether the message names the field)``. No probe makes Spark's state call fail (a
+    failed call ends Spark's state connection for the task).
+    """
+
+    name = "coerce"
+
+    def init(self, handle: Any) -> None:
+        self.states = [
+            handle.getValueState(f"coerce_{i}", f"x {p.ddl}") for i, p in enumerate(PROBES)
+        ]
+
+    def rows(self, key: str, records: list[dict[str, Any]], timerValues: Any) -> Sequence[Any]:
+        out: list[Any] = []
+        for probe, state in zip(PROBES, self.states, strict=True):
+            try:
+                state.update((probe.value(),))
+            except Exception as exc:  # dstl refuses what its field cannot hold as given
+                out.append((probe.label, REFUSED, type(exc).__name__, "field 'x'" in str(exc)))
+                continue
+            got = state.get()
+            out.append((probe.label, "stored", repr(got[0] if got else got)))
+        return out
+
+
+def coerce_outputs(engine: str) -> list[str]:
+    """The ``out`` values :class:`Coerce` gives on ``engine`` (``"spark"`` or ``"dstl"``)."""
+    outs = []
+    for p in PROBES:
+        want = getattr(p, engine)
+        if want == REFUSED:
+            outs.append(repr((p.label, REFUSED, "InvalidArgument", True)))
+        else:
+            outs.append(repr((p.label, "stored", repr(want))))
+    return sorted(outs)
+
+
 #: name, DDL, a value (the input column ``c_<name>``), options
 TYPES: tuple[TypeSub, ...] = (
     TypeSub("bool", "boolean", True),
@@ -152,10 +246,12 @@ def output_columns() -> tuple[str, ...]:
     return (*OUTPUT_COLUMNS, *(f"c_{t.name}" for t in TYPES if t.in_output))
 
 
-def batches(subs: Sequence[TypeSub] = TYPES) -> list[list[tuple[Any, ...]]]:
+def batches(subs: Sequence[Sub] = TYPES) -> list[list[tuple[Any, ...]]]:
     """One batch: per type of ``subs`` a key with its value and a key with a null, other
-    columns null."""
-    rows: list[tuple[Any, ...]] = []
+    columns null; per other sub-processor of ``subs`` one key, every column null."""
+    rows: list[tuple[Any, ...]] = [
+        (f"{s.name}:a", *[None] * len(TYPES)) for s in subs if not isinstance(s, TypeSub)
+    ]
     for i, t in enumerate(TYPES):
         if t not in subs:
             continue

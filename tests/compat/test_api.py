@@ -40,16 +40,7 @@ def _case(style: str) -> Case:
 
 CASES = {style: _case(style) for style in STYLES}
 #: known differences: ``api:<sub>`` or ``api:<sub>/<style>`` -> the issue item (see ``_known``)
-XFAIL: dict[str, str] = {
-    "api:maporder": (
-        "MapState keys/values/iterator order: Spark 4.3 (RocksDB) gives its key encoding's "
-        "order, dstl its codec's key-byte order; Spark documents no order (found by this suite)"
-    ),
-    "api:times": (
-        "TimerValues.getCurrentWatermarkInMs in time mode ProcessingTime (no watermark): "
-        "Spark 4.3 gives 0, dstl -1 (found by this suite)"
-    ),
-}
+XFAIL: dict[str, str] = {}
 
 
 def _params() -> list[Any]:

@@ -65,7 +65,7 @@ def test_batch_times_come_from_the_offsets_log_entry(tmp_path: Path) -> None:
     entry = read_offsets_entry(str(tmp_path / "spark"), 4, session=None)
     assert read_offsets_entry(str(tmp_path / "spark"), 5, session=None) is None
     plain = times_from_offsets(entry, event_time=False)
-    assert plain == BatchTimes(processing_ms=1_700_000_000_123)
+    assert plain == BatchTimes(processing_ms=1_700_000_000_123, watermark_ms=7_000)
     timed = times_from_offsets(entry, event_time=True)
     assert timed == BatchTimes(1_700_000_000_123, watermark_ms=7_000, late_watermark_ms=7_000)
     assert timed.timers_due_at("EventTime") == 7_000
@@ -90,9 +90,26 @@ def test_late_rows_are_bounded_by_the_previous_batchs_watermark(tmp_path: Path) 
     )
     # the first batch has no previous one: its own watermark, as in Spark
     assert batch_times(spark, 0, None, event_time=True).late_watermark_ms == 0
-    assert batch_times(spark, 1, None, event_time=False) == BatchTimes(processing_ms=2_000)
+    assert batch_times(spark, 1, None, event_time=False) == BatchTimes(2_000, watermark_ms=20_000)
     with pytest.raises(DstlError, match="no offsets log entry of batch 3"):
         batch_times(spark, 3, None, event_time=True)
+
+
+def test_timer_values_give_sparks_watermark_in_every_time_mode() -> None:
+    """Spark 4.3's ``TimerValues.getCurrentWatermarkInMs``: ``-1`` in time mode None (its
+    client does not ask), else the batch's ``batchWatermarkMs``, which is ``0`` in a query
+    without event time (ProcessingTime) and before the first watermark (EventTime)."""
+    no_event_time = times_from_offsets(_entry(0, 5_000), event_time=False)
+    assert no_event_time.timer_values("ProcessingTime").getCurrentWatermarkInMs() == 0
+    assert no_event_time.timer_values("ProcessingTime").getCurrentProcessingTimeInMs() == 5_000
+    assert no_event_time.timer_values("None").getCurrentWatermarkInMs() == -1
+    assert no_event_time.late_watermark_ms == -1  # no row is late without event time
+    first = times_from_offsets(_entry(0, 5_000), event_time=True)
+    assert first.timer_values("EventTime").getCurrentWatermarkInMs() == 0
+    later = times_from_offsets(_entry(9_000, 6_000), event_time=True, previous=_entry(0, 5_000))
+    for mode in ("ProcessingTime", "EventTime"):  # a watermark in time mode ProcessingTime too
+        assert later.timer_values(mode).getCurrentWatermarkInMs() == 9_000
+    assert later.timer_values("None").getCurrentWatermarkInMs() == -1
 
 
 def test_spark_dstl_keys_become_typed_options() -> None:
