@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from dstl_client._resend_gate import ResendGate
 from dstl_client._status import channel_options, credentials_and_metadata, to_dstl_error
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
@@ -60,7 +61,11 @@ class ChangelogClient:
     ``persist_durably`` and ``truncate``: ``"stream"`` (the default) on one
     long-lived ``Session`` stream per writer, opened at its first call (a
     fraction of a unary call's cost on the sidecar), or ``"unary"``, one RPC
-    per call. The public API and its guarantees are the same either way.
+    per call; then the calls that carry changes hold at most 16 MiB in
+    flight per client (one request at least; one at a time while the
+    sidecar's memory budget pushes them back), since the sidecar holds a
+    unary request in memory before it can refuse it.
+    The public API and its guarantees are the same either way.
     """
 
     def __init__(
@@ -96,6 +101,9 @@ class ChangelogClient:
             self._channel = grpc.secure_channel(target, creds, options=options)
         self._stub = pb_grpc.ChangelogStub(self._channel)  # type: ignore[no-untyped-call]
         self.server_epoch: str | None = None
+        #: its writers' unary calls that carry changes: a bounded window, one at a time
+        #: while any is pushed back by a full memory budget (see dstl_client._resend_gate)
+        self._resend_gate = ResendGate()
 
     # ------------------------------------------------------------------ calls
     def _call(self, method: Any, request: Any) -> Any:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from dstl_client._buffer import PART_FRAMING_BYTES, ChangeBuffer
+from dstl_client._resend_gate import PROBE_HOLD_S, GatePass
 from dstl_client._status import to_dstl_error
 from dstl_client._stream import WriterStream, retry_delay
 from dstl_client.core._pb import dstl_pb2 as pb
@@ -62,6 +63,11 @@ class ChangelogWriter:
     its place in the call order, after a jittered pause that doubles up to
     1 s, for up to ``timeout_s``; the sidecar fails the writer with a plain
     ``Backpressure`` once it has pushed it back for ``backpressure_timeout_s``.
+    The client's unary calls that carry changes hold at most 16 MiB in flight
+    together, one call at a time while any is pushed back
+    (:mod:`dstl_client._resend_gate`);
+    on a Session stream the sidecar leaves a request unread while its budget
+    cannot take it.
 
     **A failed send fails the writer, for good.** ``append()`` returns before
     its change is sent, so once a send of buffered changes fails (an
@@ -263,18 +269,30 @@ class ChangelogWriter:
     def _unary_with_retry(self, method: Any, request: Any) -> Any:
         """A unary call that carries changes, sent again (same ``seq``) while refused
         for a full budget (:class:`BudgetFull`: not applied, its turn not taken), after a
-        pause, for at most the client's ``timeout_s``; then the refusal is raised."""
-        first = time.monotonic()
+        pause and its turn at the client's gate, for at most the client's ``timeout_s``;
+        then the refusal is raised."""
+        gate = self.client._resend_gate
+        ticket = GatePass()
+        nbytes = request.ByteSize()
+        deadline = time.monotonic() + self.client.timeout_s
+        refusal: BudgetFull | None = None
         attempt = 0
-        while True:
-            try:
-                return self.client._call(method, request)
-            except BudgetFull:
-                attempt += 1
-                delay = retry_delay(attempt)
-                if time.monotonic() + delay - first >= self.client.timeout_s:
-                    raise
-                time.sleep(delay)
+        try:
+            while True:
+                if not gate.enter(ticket, nbytes, deadline):
+                    raise refusal or _not_sent(self.client.timeout_s)
+                try:
+                    return self.client._call(method, request)
+                except BudgetFull as exc:
+                    gate.refused(ticket)
+                    refusal = exc
+                    attempt += 1
+                    delay = retry_delay(attempt)
+                    if time.monotonic() + delay >= deadline:
+                        raise
+                    time.sleep(delay)
+        finally:
+            gate.settled(ticket)
 
     def _call_ordered(self, call: str, method: Any, request_type: Any, **fields: Any) -> Any:
         """A call without changes; one whose outcome is unknown fails the writer."""
@@ -425,53 +443,88 @@ class _RetriedPersist:
     Looks like the gRPC future the writer would otherwise hold: one
     ``add_done_callback`` (called with this object once the outcome is
     final) and ``result()`` (the response, or the final call's error).
-    Resends wait on a timer thread, for at most the client's ``timeout_s``
-    from the first refusal.
+    Each send takes its turn at the client's gate (the first from the
+    caller's thread, resends from a timer thread after their pause), for at
+    most the client's ``timeout_s`` from the first send.
     """
 
     def __init__(self, client: ChangelogClient, request: pb.PersistRequest) -> None:
         self._client = client
         self._request = request
-        self._first = time.monotonic()
+        self._deadline = time.monotonic() + client.timeout_s
+        self._ticket = GatePass(PROBE_HOLD_S)
+        self._nbytes = request.ByteSize()
         self._attempt = 0
+        self._refusal: BudgetFull | None = None
         self._callback: Any = None
         self._final: Any = None
+        self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._send()
 
     def _send(self) -> None:
-        call = self._client._stub.PersistDurably.future(
-            self._request, metadata=self._client._metadata
-        )
+        # a persist without changes costs the sidecar nothing: it need not wait its turn
+        if self._request.changes and not self._client._resend_gate.enter(
+            self._ticket, self._nbytes, self._deadline
+        ):
+            self._finish(None, self._refusal or _not_sent(self._client.timeout_s))
+            return
+        try:
+            call = self._client._stub.PersistDurably.future(
+                self._request, metadata=self._client._metadata
+            )
+        except BaseException as exc:  # e.g. the channel is closed
+            self._client._resend_gate.settled(self._ticket)
+            if self._attempt == 0:
+                raise  # the caller's thread: persist_durably raises it
+            self._finish(None, exc)
+            return
         call.add_done_callback(self._done)
 
     def _done(self, call: Any) -> None:
+        gate = self._client._resend_gate
         exc = call.exception()
         if isinstance(exc, grpc.RpcError):
             refusal = to_dstl_error(exc, self._client.target)
             if isinstance(refusal, BudgetFull):
+                gate.refused(self._ticket)
+                self._refusal = refusal
                 self._attempt += 1
                 delay = retry_delay(self._attempt)
-                if time.monotonic() + delay - self._first < self._client.timeout_s:
+                if time.monotonic() + delay < self._deadline:
                     timer = threading.Timer(delay, self._send)
                     timer.daemon = True
                     timer.start()
                     return
+        self._finish(call, None)
+
+    def _finish(self, call: Any, error: BaseException | None) -> None:
+        self._client._resend_gate.settled(self._ticket)
         with self._lock:
             self._final = call
+            self._error = error
             callback = self._callback
         if callback is not None:
             callback(self)
 
     def add_done_callback(self, callback: Any) -> None:
         with self._lock:
-            done = self._final is not None
+            done = self._final is not None or self._error is not None
             self._callback = callback
         if done:
             callback(self)
 
     def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
         return self._final.result()
+
+
+def _not_sent(timeout_s: float) -> BudgetFull:
+    return BudgetFull(
+        f"not sent within {timeout_s:g}s: the client's calls were pushed back by the "
+        "sidecar's full memory budget all that time (nothing was applied)"
+    )
 
 
 def _fit(sizes: array[int], start: int, free: int) -> tuple[int, int]:

@@ -210,8 +210,26 @@ class CallOrder:
                 yield
             return
         charge = charge_of(parts)
+        self.check_room(wl, session, seq)
+        calls = wl.calls
+        expected = calls.next_seq if session == calls.session else 1
+        with self.budget.admitted(charge, wl.log_id):  # room: checked just above
+            async with self._ordered(wl, session, seq, charge if seq != expected else 0):
+                yield
+
+    def check_room(self, wl: WriterLog, session: int, seq: int) -> None:
+        """Refuse a call of ``wl`` that carries changes unless the budget has room for it.
+
+        What :meth:`turn` does before it admits a call, also used for a call
+        refused before it was decoded (:mod:`dstl_server.service`):
+        :class:`BudgetFull` (nothing applied, no turn taken: the client sends
+        it again with the same ``seq``) or, for a writer pushed back past
+        ``backpressure_timeout_s``, :class:`Backpressure`, which fails the
+        session (``seq == 0``, unordered: always BudgetFull, no writer's
+        clock). Each refusal counts in ``dstl_backpressure_waits_total``.
+        """
         try:
-            self.budget.check_room(wl.log_id)
+            self.budget.check_room(wl.log_id if seq else "")
         except BudgetFull:
             self.metrics.backpressure_waits.inc()
             raise
@@ -219,11 +237,6 @@ class CallOrder:
             self.metrics.backpressure_waits.inc()
             self._fail(wl, session, WriterFailed(exc.message))
             raise
-        calls = wl.calls
-        expected = calls.next_seq if session == calls.session else 1
-        with self.budget.admitted(charge, wl.log_id):  # room: checked just above
-            async with self._ordered(wl, session, seq, charge if seq != expected else 0):
-                yield
 
     @contextlib.asynccontextmanager
     async def _ordered(

@@ -12,7 +12,14 @@ options of the ``grpc.aio`` server (``app.py`` passes them, and
   connection without traffic and closes it when the ping goes unanswered,
   so a peer that vanished (its node gone, no FIN) does not keep its streams;
 * ``max_connection_idle_s`` -- a connection with no call open for that long
-  gets a GOAWAY (the client reconnects at its next call).
+  gets a GOAWAY (the client reconnects at its next call);
+* no BDP probing (``grpc.http2.bdp_probe`` 0): with it, gRPC grows every
+  stream's receive window to megabytes and takes a request off the wire
+  before the sidecar reads it (measured: 6 MiB per Session stream); without
+  it a stream the sidecar does not read holds 64 KiB and the rest waits on
+  the client (:meth:`~dstl_server.throttle.MemoryBudget.wait_read_turn`). A read
+  still opens the window to the whole message, so throughput on loopback
+  is the same.
 
 How many calls run at once over every connection is bounded by
 ``maximum_concurrent_rpcs``: past it gRPC answers ``RESOURCE_EXHAUSTED``
@@ -31,6 +38,7 @@ def server_options(s: ServerSettings) -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", s.max_request_bytes),
         ("grpc.so_reuseport", 0),
         ("grpc.max_concurrent_streams", s.max_streams_per_connection),
+        ("grpc.http2.bdp_probe", 0),
         ("grpc.keepalive_timeout_ms", _ms(s.keepalive_timeout_s)),
     ]
     if s.keepalive_time_s:

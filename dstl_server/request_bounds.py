@@ -28,7 +28,7 @@ them on the server's event loop).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from dstl_client.core.errors import (
@@ -259,3 +259,104 @@ def check_request(method: str, data: bytes, limit: int) -> None:
         scan.walk(data, 0, len(data), shape)
     except _Undecodable as exc:
         raise InvalidArgument(f"request bytes do not decode as {shape.name}: {exc}") from None
+
+
+# ------------------------------------------------------------ writer call headers
+#: field numbers of the changes of AppendRequest / PersistRequest, and of the
+#: SessionRequest calls that carry them (append, persist)
+_CHANGES_FIELD = {"Append": 2, "PersistDurably": 3}
+_SESSION_CALLS_WITH_CHANGES = {2: 2, 4: 3}
+_SESSION_ID_FIELD = 1
+_LOG_ID_FIELD = 1
+_SESSION_FIELD = 14
+_SEQ_FIELD = 15
+
+
+@dataclass(frozen=True, slots=True)
+class CallHeader:
+    """What a writer call says about itself, read off the wire without its changes.
+
+    ``log_id``, ``session`` and ``seq`` of a unary ``Append`` or
+    ``PersistDurably`` (or of the call inside a ``Session`` request, whose
+    own id is ``request_id``); ``changes``: whether it holds a key-group part.
+    """
+
+    log_id: str
+    changes: bool
+    session: int = 0
+    seq: int = 0
+    request_id: int = 0
+
+
+def call_header(method: str, data: bytes) -> CallHeader | None:
+    """The header of a writer call that may carry changes, or None (another method, or
+    bytes that do not scan: the decoder then says what is wrong).
+
+    Reads the top-level fields (and those of a ``Session`` request's call)
+    and skips every length-delimited field unread, so it costs one pass over
+    the fields and copies nothing but the log id. For requests that
+    :func:`check_request` accepted.
+    """
+    try:
+        if method in _CHANGES_FIELD:
+            return _writer_call(data, 0, len(data), _CHANGES_FIELD[method])
+        if method != "Session":
+            return None
+        request_id = 0
+        log_id = ""
+        changes = False
+        for field_no, start, value in _fields(data, 0, len(data)):
+            if field_no == _SESSION_ID_FIELD and start < 0:
+                request_id = value
+            elif start >= 0 and field_no in _SESSION_CALLS_WITH_CHANGES:
+                inner = _writer_call(data, start, value, _SESSION_CALLS_WITH_CHANGES[field_no])
+                changes = changes or inner.changes  # occurrences merge: any part counts
+                log_id = inner.log_id or log_id
+        return CallHeader(log_id, changes, request_id=request_id)
+    except (_Undecodable, UnicodeDecodeError):
+        return None
+
+
+def _writer_call(data: bytes, start: int, end: int, changes_field: int) -> CallHeader:
+    log_id = ""
+    session = seq = 0
+    changes = False
+    for field_no, pos, value in _fields(data, start, end):
+        if pos >= 0:
+            if field_no == changes_field:
+                changes = True
+            elif field_no == _LOG_ID_FIELD:
+                log_id = data[pos:value].decode()
+        elif field_no == _SESSION_FIELD:
+            session = value
+        elif field_no == _SEQ_FIELD:
+            seq = value
+    return CallHeader(log_id, changes, session, seq)
+
+
+def _fields(data: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """``(field, -1, value)`` per varint field, ``(field, start, stop)`` per length-delimited
+    one (its bytes are ``data[start:stop]``); fixed-width fields are skipped."""
+    while pos < end:
+        key, pos = _varint(data, pos, end)
+        field_no, wire = key >> 3, key & 7
+        if field_no == 0:
+            raise _Undecodable("field number 0")
+        if wire == 0:
+            value, pos = _varint(data, pos, end)
+            yield field_no, -1, value
+        elif wire == 2:
+            length, pos = _varint(data, pos, end)
+            stop = pos + length
+            if stop > end:
+                raise _Undecodable("a length runs past the end of the message")
+            yield field_no, pos, stop
+            pos = stop
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            raise _Undecodable(f"wire type {wire}")
+        if pos > end:
+            raise _Undecodable("a field runs past the end of the message")

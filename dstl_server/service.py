@@ -38,10 +38,13 @@ from dstl_server.registry import LogRegistry
 from dstl_server.request_bounds import (
     MAX_DISCARD_KEYS,
     MAX_READ_KEY_GROUPS,
+    CallHeader,
+    call_header,
     check_request,
     method_limits,
 )
 from dstl_server.storage.base import BlobStore, validate_key
+from dstl_server.throttle import MemoryBudget
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,28 @@ def _check_decoded(request: object) -> None:
         raise request.error
 
 
+class _Unread:
+    """A call that carries changes, received while the memory budget had no room: left
+    undecoded (decoding would copy every change again) until its handler has checked
+    the caller and the budget once more (see :func:`_safe_deserializer`)."""
+
+    __slots__ = ("_parse", "data", "header")
+
+    def __init__(self, parse: Callable[[bytes], Any], data: bytes, header: CallHeader) -> None:
+        self._parse = parse
+        self.data = data
+        self.header = header
+
+    def decode(self) -> Any:
+        """The request, decoded now (the budget has room after all), or a :class:`_Malformed`."""
+        data, self.data = self.data, b""
+        return self._parse(data)
+
+    def drop(self) -> None:
+        """Let go of the request's bytes (it was refused)."""
+        self.data = b""
+
+
 def _unary(
     fn: Callable[[ChangelogService, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
 ) -> Callable[[ChangelogService, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
@@ -109,6 +134,8 @@ def _unary(
             await _abort(ctx, exc, self.metrics)
             raise
         try:
+            if isinstance(req, _Unread):
+                req = self._admit_unread(req, ctx)
             if isinstance(req, _Malformed) and req.header is not None:
                 await self._refused_writer_call(req.header, req.error, ctx)
             _check_decoded(req)
@@ -248,6 +275,19 @@ class ChangelogService(pb_grpc.ChangelogServicer):
         """
         self._owned_log(ctx, header.log_id)
         await self.registry.refuse(header.log_id, error, session=header.session, seq=header.seq)
+
+    def _admit_unread(self, unread: _Unread, ctx: grpc.aio.ServicerContext) -> Any:
+        """A unary writer call received while the budget was full: refused as the budget
+        refuses it (no turn taken; a writer pushed back too long fails its session),
+        else, if room came meanwhile, decoded for its handler (which admits it)."""
+        header = unread.header
+        try:
+            wl = self._owned_log(ctx, header.log_id)
+            self.registry.order.check_room(wl, header.session, header.seq)
+        except BaseException:
+            unread.drop()  # the refusal's traceback may keep this frame for a while
+            raise
+        return unread.decode()
 
     def stop_accepting(self) -> None:
         """Refuse new calls with ShuttingDown; running ones go on."""
@@ -515,14 +555,29 @@ class ChangelogService(pb_grpc.ChangelogServicer):
 _ORDERED_CALLS = frozenset({"Append", "PersistDurably"})
 
 
-def _safe_deserializer(cls: Any, method: str, limit: int) -> Callable[[bytes], Any]:
+def _safe_deserializer(
+    cls: Any, method: str, limit: int, budget: MemoryBudget | None = None
+) -> Callable[[bytes], Any]:
     """Parse a request within its method's bounds; refused bytes become a :class:`_Malformed`.
 
     The bounds (``limit`` bytes, the method's list lengths) are checked on the
     wire bytes before anything is decoded (:func:`check_request`). gRPC
     answers a deserializer exception with UNKNOWN; the handler turns the
-    marker into the error's own status instead.
+    marker into the error's own status instead. With ``budget``: a writer
+    call that carries changes while the budget has no room is not decoded
+    at all (an :class:`_Unread`, read from its header on the wire): its
+    handler refuses it with ``BudgetFull`` (gRPC has already received it,
+    but it is not copied again into a decoded message, and it is freed as
+    soon as the refusal is sent).
     """
+
+    def decode(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except DecodeError as exc:
+            return _Malformed(
+                InvalidArgument(f"request bytes do not decode as {cls.__name__}: {exc}")
+            )
 
     def parse(data: bytes) -> Any:
         try:
@@ -535,12 +590,11 @@ def _safe_deserializer(cls: Any, method: str, limit: int) -> Callable[[bytes], A
             except DecodeError:
                 return _Malformed(exc)
             return _Malformed(exc, header)
-        try:
-            return cls.FromString(data)
-        except DecodeError as exc:
-            return _Malformed(
-                InvalidArgument(f"request bytes do not decode as {cls.__name__}: {exc}")
-            )
+        if budget is not None and not budget.has_room:
+            unread = call_header(method, data)
+            if unread is not None and unread.changes:
+                return _Unread(decode, data, unread)
+        return decode(data)
 
     return parse
 
@@ -567,7 +621,9 @@ def register(server: grpc.aio.Server, service: ChangelogService) -> None:
         }[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = make(
             getattr(service, method.name),
-            request_deserializer=_safe_deserializer(req_cls, method.name, limits[method.name]),
+            request_deserializer=_safe_deserializer(
+                req_cls, method.name, limits[method.name], service.registry.budget
+            ),
             response_serializer=resp_cls.SerializeToString,
         )
     server.add_generic_rpc_handlers(

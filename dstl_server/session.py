@@ -24,14 +24,20 @@ message. :class:`SessionStream` serves one stream:
   is), so no later persist of the stream returns a handle that misses them.
   Bytes that do not decode, and internal errors, end the stream with their
   status (the client fails the requests it has in flight);
-* **memory** -- a request that carries changes is admitted into the node's
-  one memory budget before it runs
-  (:meth:`~dstl_server.throttle.MemoryBudget.admitted`); when the budget is
-  full it is refused at once with :class:`BudgetFull` (nothing applied,
-  nothing held), and so is every later request of the stream, whatever it
-  carries, so that none is applied before it: the client sends the refused
-  request and those after it again, in order, on a new stream after a
-  pause. A writer pushed back past ``backpressure_timeout_s`` gets
+* **memory** -- the stream reads its next request only when the node's
+  memory budget has room for it (a turn:
+  :meth:`~dstl_server.throttle.MemoryBudget.wait_read_turn`); meanwhile
+  the request stays on the client under HTTP/2 flow control, costing the
+  sidecar nothing. A request that carries changes is admitted into the
+  budget before it runs
+  (:meth:`~dstl_server.throttle.MemoryBudget.admitted`); when the budget
+  is full anyway (the wait ran out, or the request came on a read started
+  while there was room) it is refused with :class:`BudgetFull` (left
+  undecoded; nothing applied, nothing held), and so is every later request
+  of the stream, whatever it carries, so that none is applied before it:
+  the client sends the refused request and those after it again, in
+  order, on a new stream after a pause. A writer pushed back past
+  ``backpressure_timeout_s`` (waiting to be read included) gets
   :class:`Backpressure` (a refusal that fails the stream, as above);
 * **idle** -- a stream whose first request does not come within
   ``session_bind_timeout_s`` is ended with ``DEADLINE_EXCEEDED`` (an open
@@ -50,7 +56,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -65,11 +71,11 @@ from dstl_client.core.errors import (
     WriterFailed,
 )
 from dstl_server.auth import check_job
-from dstl_server.throttle import charge_of
+from dstl_server.throttle import READ_TURN_S, ReadTurn, charge_of
 
 if TYPE_CHECKING:
     from dstl_server.registry import PendingPersist
-    from dstl_server.service import ChangelogService
+    from dstl_server.service import ChangelogService, _Unread
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +89,7 @@ class SessionStream:
 
     __slots__ = (
         "_ctx",
+        "_expected",
         "_full",
         "_lost",
         "_persists",
@@ -104,37 +111,40 @@ class SessionStream:
         self._lost: DstlError | None = None
         #: set once a request was refused for a full budget: later ones are too
         self._full: BudgetFull | None = None
+        #: the charge of the stream's last request with changes: the room its next read
+        #: holds (0: none yet, the first read holds the whole budget)
+        self._expected = 0
         self._write_lock = asyncio.Lock()
         self._persists: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_WAITING_PERSISTS)
 
     async def run(self) -> None:
         """Serve requests until the client half-closes; then answer the waiting persists."""
-        from dstl_server.service import _check_decoded
+        from dstl_server.service import _check_decoded, _Unread
 
-        read = self._ctx.read
         handle = self._handle
         eof = grpc.aio.EOF
-        bind_timeout = self._registry.settings.session_bind_timeout_s
+        call_soon = asyncio.get_running_loop().call_soon
         try:
             while True:
-                if self.log_id:
-                    req = await read()
-                else:  # not bound yet: the first request must come in time
-                    try:
-                        req = await asyncio.wait_for(read(), bind_timeout)
-                    except TimeoutError:
-                        self._service.metrics.errors.labels("session_idle").inc()
-                        await self._ctx.abort(
-                            grpc.StatusCode.DEADLINE_EXCEEDED,
-                            f"no request named a writer within {bind_timeout:g}s "
-                            "(session_bind_timeout_s): the stream is closed",
-                        )
+                req, turn = await self._next()
                 if req is eof:
+                    turn.done()
                     break
-                if type(req) is not pb.SessionRequest:
-                    _check_decoded(req)  # bytes that do not decode: the stream ends
-                await handle(req)
+                # the room held for this read is given back once the request is
+                # admitted: after the synchronous start of its handling, which admits it
+                call_soon(turn.done)
+                try:
+                    if type(req) is _Unread:
+                        await self._refuse_unread(req)
+                    else:
+                        if type(req) is not pb.SessionRequest:
+                            _check_decoded(req)  # bytes that do not decode: the stream ends
+                        await handle(req)
+                finally:
+                    # an idle stream must not keep its last request (its changes) alive
+                    # while it waits for the next one
+                    req = None
             while self._persists:
                 await asyncio.wait(set(self._persists))
         finally:
@@ -142,6 +152,52 @@ class SessionStream:
                 task.cancel()
             if self._persists:
                 await asyncio.wait(set(self._persists))
+
+    async def _next(self) -> tuple[Any, ReadTurn]:
+        """The next request, read once the memory budget lets this stream read (its turn).
+
+        A request in memory costs its bytes whatever is done with it next, so
+        the stream reads only when the budget has room for the request it
+        expects (as large as its last one with changes; its first: the budget)
+        (:meth:`~dstl_server.throttle.MemoryBudget.wait_read_turn`; meanwhile
+        HTTP/2 flow control holds the request on the client), or once its
+        writer has been pushed back for ``backpressure_timeout_s``. A request
+        that came long after the wait ended (the stream was idle) does not
+        count as pushed back.
+        """
+        budget = self._registry.budget
+        loop = asyncio.get_running_loop()
+        expected = self._expected or budget.limit
+        turn = budget.read_turn_now(expected)
+        waited = turn is None
+        if turn is None:
+            self._service.metrics.backpressure_waits.inc()
+            turn = await budget.wait_read_turn(self.log_id, expected)
+        started = loop.time()
+        try:
+            if self.log_id:
+                req = await self._ctx.read()
+            else:  # not bound yet: the first request must come in time
+                req = await self._first_request()
+        except BaseException:
+            turn.done()
+            raise
+        if waited and self.log_id and loop.time() - started > READ_TURN_S:
+            budget.forget(self.log_id)  # it came later: the writer was idle, not pushed back
+        return req, turn
+
+    async def _first_request(self) -> object:
+        bind_timeout = self._registry.settings.session_bind_timeout_s
+        try:
+            return await asyncio.wait_for(self._ctx.read(), bind_timeout)
+        except TimeoutError:
+            self._service.metrics.errors.labels("session_idle").inc()
+            await self._ctx.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no request named a writer within {bind_timeout:g}s "
+                "(session_bind_timeout_s): the stream is closed",
+            )
+            raise  # unreachable: abort raises
 
     # ------------------------------------------------------------ requests
     def _bind(self, log_id: str) -> str:
@@ -217,26 +273,60 @@ class SessionStream:
                 # carried changes, so later requests must not apply over it
                 carries = True
                 raise InvalidArgument(f"request {rid} of the Session stream names no known call")
-        except BudgetFull as exc:  # nothing applied: neither this request nor later ones
+        except DstlError as exc:
+            await self._refusal(rid, exc, carries)
+        finally:
+            if not handed_over:
+                service._leave()
+
+    async def _refuse_unread(self, unread: _Unread) -> None:
+        """A request with changes received while the budget had no room (left undecoded):
+        refused like a decoded one the budget has no room for, or handled if room came."""
+        header = unread.header
+        rid = header.request_id
+        service = self._service
+        try:
+            service._enter()
+        except ShuttingDown as exc:
+            await self._refuse(rid, exc)
+            return
+        try:
+            if self._full is not None:
+                raise self._full
+            log_id = self._bind(header.log_id)
+            self._check_lost()
+            if not self._registry.budget.has_room:
+                self._check_room(log_id)  # raises
+        except DstlError as exc:
+            unread.drop()
+            await self._refusal(rid, exc, carries=True)
+            return
+        finally:
+            service._leave()
+        req = unread.decode()  # room after all: decoded and handled as usual
+        if type(req) is not pb.SessionRequest:
+            from dstl_server.service import _check_decoded
+
+            _check_decoded(req)
+        await self._handle(req)
+
+    async def _refusal(self, rid: int, exc: DstlError, carries: bool) -> None:
+        """Answer request ``rid`` with ``exc``; what later requests of the stream get then."""
+        if isinstance(exc, BudgetFull):  # nothing applied: neither this request nor later ones
             if self._full is None:
                 self._full = BudgetFull(
                     f"request {rid} of this stream was refused ({exc.message}); later "
                     "requests are refused until it is sent again, on a new stream"
                 )
-            await self._refuse(rid, exc)
-        except DstlError as exc:
-            if carries and self._lost is None and not isinstance(exc, WriterFailed):
-                self._lost = WriterFailed(
-                    f"request {rid} of writer {self.log_id or '?'}'s stream carried changes "
-                    f"and was refused ({exc.kind}: {exc.message}); later requests are refused "
-                    "so that no handle misses them: recreate the writer and recover from the "
-                    "last checkpoint"
-                )
-                self._service.metrics.sessions_failed.inc()
-            await self._refuse(rid, exc)
-        finally:
-            if not handed_over:
-                service._leave()
+        elif carries and self._lost is None and not isinstance(exc, WriterFailed):
+            self._lost = WriterFailed(
+                f"request {rid} of writer {self.log_id or '?'}'s stream carried changes "
+                f"and was refused ({exc.kind}: {exc.message}); later requests are refused "
+                "so that no handle misses them: recreate the writer and recover from the "
+                "last checkpoint"
+            )
+            self._service.metrics.sessions_failed.inc()
+        await self._refuse(rid, exc)
 
     def _check_lost(self) -> None:
         if self._lost is not None:
@@ -248,13 +338,18 @@ class SessionStream:
         """The budget's hold of a request's changes while it runs (none for no changes)."""
         if not parts:
             return contextlib.nullcontext()
-        budget = self._registry.budget
+        self._check_room(log_id)
+        self._expected = charge = charge_of(parts)
+        return self._registry.budget.admitted(charge, log_id)
+
+    def _check_room(self, log_id: str) -> None:
+        """Refuse a request with changes unless the budget has room (BudgetFull, or
+        Backpressure for a writer pushed back too long), counted."""
         try:
-            budget.check_room(log_id)
+            self._registry.budget.check_room(log_id)
         except Backpressure:  # BudgetFull, or pushed back too long
             self._service.metrics.backpressure_waits.inc()
             raise
-        return budget.admitted(charge_of(parts), log_id)
 
     async def _answer_persist(self, rid: int, pending: PendingPersist) -> None:
         """Wait for the persist's uploads; answer with its handle or its error."""

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from dstl_client.core.errors import Backpressure, BudgetFull
-from dstl_server.throttle import MemoryBudget
+from dstl_server.throttle import READ_TURN_S, MemoryBudget
 from tests.fakes import settle
 
 
@@ -128,3 +128,101 @@ async def test_release_without_waiters() -> None:
     await settle()  # the release's wake-up task ran and found no waiter
     assert budget.used == 0
     assert await budget.acquire(10) is False
+
+
+# ---------------------------------------------------------------- read turns (Session streams)
+
+
+@pytest.mark.asyncio
+async def test_streams_read_one_after_another_while_the_budget_cannot_take_more() -> None:
+    """A stream reads its next request only when the budget has room for it: the others
+    wait in line (their requests stay on the client), first come first served."""
+    pressure = Pressure()
+    budget = MemoryBudget(100, 10.0, pressure)
+    budget.take(100)  # full: e.g. an upload the store does not take
+    assert budget.read_turn_now(50) is None
+    first = asyncio.create_task(budget.wait_read_turn("w1", 100))
+    second = asyncio.create_task(budget.wait_read_turn("w2", 100))
+    await settle()
+    assert not first.done() and not second.done()
+    assert pressure.calls == 1  # full: what waits for upload is pushed out
+    budget.release(100)  # uploaded
+    await settle()
+    assert first.done() and not second.done()  # w1 holds room for its request
+    turn = first.result()
+    assert turn.granted and budget.reading == 100
+    turn.done()  # its request was admitted (or carried nothing)
+    await settle()
+    assert second.done() and second.result().granted
+    second.result().done()
+    assert budget.reading == 0
+    turn.done()  # idempotent
+    assert budget.reading == 0
+
+
+@pytest.mark.asyncio
+async def test_an_idle_streams_turn_gives_its_room_back_by_itself() -> None:
+    budget = MemoryBudget(100, 10.0, Pressure())
+    idle = budget.read_turn_now(100)  # no request comes on that stream
+    assert idle is not None and idle.granted
+    waiting = asyncio.create_task(budget.wait_read_turn("w2", 10))
+    await settle()
+    assert not waiting.done()
+    started = time.monotonic()
+    turn = await asyncio.wait_for(waiting, 5)
+    assert turn.granted
+    assert time.monotonic() - started >= READ_TURN_S * 0.9
+    turn.done()
+    assert budget.reading == 0
+
+
+@pytest.mark.asyncio
+async def test_room_held_for_readers_is_not_pressure() -> None:
+    """A reader waiting behind another's turn, with the budget itself below its limit,
+    does not push every writer's changes out (that would upload them early)."""
+    pressure = Pressure()
+    budget = MemoryBudget(100, 10.0, pressure)
+    first = budget.read_turn_now(100)
+    assert first is not None
+    waiting = asyncio.create_task(budget.wait_read_turn("w2", 10))
+    await settle()
+    assert pressure.calls == 0
+    first.done()
+    (await waiting).done()
+
+
+@pytest.mark.asyncio
+async def test_a_stream_waits_no_longer_than_its_writers_backpressure_timeout() -> None:
+    """Past backpressure_timeout_s the stream reads anyway: its request, if still
+    refused, gets a plain Backpressure (the clock ran from the start of the wait)."""
+    budget = MemoryBudget(100, 0.2, Pressure())
+    budget.take(100)
+    started = time.monotonic()
+    turn = await budget.wait_read_turn("w1", 10)
+    assert not turn.granted
+    assert 0.15 <= time.monotonic() - started < 2.0
+    assert budget.reading == 0
+    with pytest.raises(Backpressure) as info:  # pushed back since the wait began
+        budget.check_room("w1")
+    assert not isinstance(info.value, BudgetFull)
+    # a stream that was idle while it waited: its writer was not pushed back
+    turn = await budget.wait_read_turn("w2", 10)
+    budget.forget("w2")
+    with pytest.raises(BudgetFull):
+        budget.check_room("w2")
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_wait_leaves_the_line() -> None:
+    budget = MemoryBudget(100, 10.0, Pressure())
+    budget.take(100)
+    gone = asyncio.create_task(budget.wait_read_turn("w1", 100))
+    stays = asyncio.create_task(budget.wait_read_turn("w2", 100))
+    await settle()
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    budget.release(100)
+    turn = await asyncio.wait_for(stays, 5)
+    assert turn.granted and budget.reading == 100  # w1 took no room
+    turn.done()
