@@ -68,10 +68,9 @@ class TypeSub(Sub):
                 # pandas hands an integer column with nulls as float64 (both engines); a
                 # processor casts back (Spark would store a float in an integer field as null)
                 x = int(x)
-            if self.ddl.startswith("map<") and isinstance(x, list):
-                # a Row's map column holds (key, value) pairs on both engines (pyarrow's
-                # as_py); state wants a dict (Spark stores pairs as null, dstl refuses them)
-                x = dict(x)
+            # a Row's map values are (key, value) pairs on both engines, nested ones too
+            # (pyarrow's as_py); state wants dicts (Spark stores pairs as null, dstl refuses)
+            x = _pairs_as_dicts(x)
             seen: list[Any] = ["input", _type(raw), _repr(raw), r.get(DTYPES, {}).get(self.column)]
             if self.in_state and not key.endswith(":null"):
                 self.v.update((x,))
@@ -101,6 +100,18 @@ class TypeSub(Sub):
             else:
                 out.append(seen)
         return out
+
+
+def _pairs_as_dicts(value: Any) -> Any:
+    """``value`` with every non-empty list of 2-tuples (a map in a ``Row``) as a dict,
+    recursively (a struct in a ``Row`` is a dict, so no other list holds tuples here)."""
+    if isinstance(value, dict):
+        return {k: _pairs_as_dicts(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if value and all(isinstance(e, tuple) and len(e) == 2 for e in value):
+            return {k: _pairs_as_dicts(v) for k, v in value}
+        return [_pairs_as_dicts(v) for v in value]
+    return value
 
 
 def _type(value: Any) -> str:
@@ -224,6 +235,12 @@ TYPES: tuple[TypeSub, ...] = (
     TypeSub("arr", "array<int>", [1, None, 3], map_key=False),
     TypeSub("map", "map<string,int>", {"a": 1, "b": None}, map_key=False),
     TypeSub("struct", "struct<a:int,b:string>", {"a": 1, "b": "x"}, map_key=False),
+    TypeSub(
+        "nestedmap",
+        "struct<m:map<string,int>,a:array<map<string,int>>>",
+        {"m": {"x": 1, "y": None}, "a": [{"z": 3}, None]},
+        map_key=False,
+    ),
     TypeSub(
         "nested",
         "struct<s:struct<x:bigint>,l:array<struct<y:string>>>",
