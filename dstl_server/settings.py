@@ -20,7 +20,7 @@ turns it into exit code 2 (``dstl-server: configuration error: ...``).
   otherwise be ignored without a word).
 
 Why no pydantic-settings: the settings are one frozen dataclass whose
-metadata already drives the CLI flags, ``--help``, the README table and the
+metadata already drives the CLI flags, ``--help``, the table in docs/sidecar.md and the
 Helm chart check; the parsing that pydantic-settings would replace is one
 function of about sixty lines (:func:`parse_value`), and the cross-field
 rules (loopback vs TLS and secret, the forwarding tree, size relations) stay
@@ -65,7 +65,7 @@ MIN_SECRET_DISTINCT = 12
 
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
-    """Every knob of the sidecar (see README "Configuration")."""
+    """Every knob of the sidecar (docs/sidecar.md, "Configuration")."""
 
     listen: str = _setting(
         "127.0.0.1:7070",
@@ -103,15 +103,16 @@ class ServerSettings:
     max_in_flight_bytes: int = _setting(
         100 * MiB,
         "Change bytes held in memory, over all writers: not yet uploaded, plus those of calls "
-        "admitted and not yet applied (e.g. waiting for an earlier call of their writer); a "
-        "call that finds it reached is refused at once (RESOURCE_EXHAUSTED, budget_full) and "
+        "admitted and not yet applied (e.g. waiting for an earlier call of their writer). A "
+        "Session stream's next request is not read while it is reached; a unary call that "
+        "finds it reached is refused before decoding (RESOURCE_EXHAUSTED, budget_full) and "
         "the client sends it again after a pause.",
         unit="bytes",
     )
     backpressure_timeout_s: float = _setting(
         60.0,
-        "How long a writer's calls may be refused for a full memory budget (the client "
-        "retries them) before RESOURCE_EXHAUSTED (backpressure) fails the writer.",
+        "How long a writer's calls may be refused or left unread for a full memory budget "
+        "(the client retries them) before RESOURCE_EXHAUSTED (backpressure) fails the writer.",
         unit="s",
     )
     max_change_bytes: int = _setting(4 * MiB, "Largest single change accepted.", unit="bytes")
@@ -261,7 +262,7 @@ class ServerSettings:
     parent: str = _setting(
         "",
         "Parent node (host:port) that flushes below forward_threshold_bytes are forwarded to "
-        "(forwarding tree); empty: none (or from tree_index). See README 'Forwarding tree'.",
+        "(forwarding tree); empty: none (or from tree_index). See docs/sidecar.md, 'Forwarding tree'.",
     )
     parent_token_file: str = _setting(
         "",
@@ -443,7 +444,7 @@ class ServerSettings:
 
     @classmethod
     def describe(cls) -> list[tuple[str, str, Any, str, str]]:
-        """(name, env var, default, unit, doc) for every setting (README, --help)."""
+        """(name, env var, default, unit, doc) for every setting (docs/sidecar.md, --help)."""
         return [
             (f.name, env_name(f.name), f.default, f.metadata["unit"], f.metadata["doc"])
             for f in fields(cls)
