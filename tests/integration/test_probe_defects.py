@@ -21,7 +21,7 @@ from dstl_client import ChangelogClient
 from dstl_client._status import to_dstl_error
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import (
-    Backpressure,
+    BudgetFull,
     CallLost,
     InvalidArgument,
     InvalidHandle,
@@ -272,28 +272,32 @@ def test_writers_of_a_dead_client_expire(tmp_path: Path) -> None:
 
 
 def test_calls_parked_behind_a_missing_call_are_bounded(sidecar: Sidecar, log_id: str) -> None:
-    """Requests waiting for an earlier call hold at most max_in_flight_bytes (16 MiB here)."""
+    """Requests waiting for an earlier call count in the one memory budget
+    (max_in_flight_bytes, 16 MiB here), which a call passes by at most its own size: once it
+    is reached, a further call is refused at once (``BudgetFull``), never parked."""
     session = secrets.randbits(62) | 1
     big = group(1, b"a" * (3 << 20), b"b" * (3 << 20))  # 6 MiB each
     parked = [
         sidecar.stub.Append.future(
             pb.AppendRequest(log_id=log_id, changes=[big], session=session, seq=seq), timeout=20
         )
-        for seq in (2, 3)
+        for seq in (2, 3, 4)
     ]
     poll_until(
-        lambda: sidecar.proc.scrape_metrics()["dstl_parked_bytes"] >= 12 << 20,
-        "both calls parked",
+        lambda: sidecar.proc.scrape_metrics()["dstl_parked_bytes"] >= 18 << 20,
+        "three calls parked: the budget passed by at most one request",
         timeout_s=10,
     )
     started = time.monotonic()
     err = error_of(
         sidecar.stub.Append,
-        pb.AppendRequest(log_id=log_id, changes=[big, big], session=session, seq=4),
+        pb.AppendRequest(log_id=log_id, changes=[big], session=session, seq=5),
     )
-    assert isinstance(err, Backpressure) and "waiting calls already hold" in err.message
+    assert isinstance(err, BudgetFull), err
     assert time.monotonic() - started < ORDER_TIMEOUT_S
-    for fut in parked:  # the session failed: they are refused, never applied out of order
+    # nothing more was parked: three requests and their per-part charges
+    assert sidecar.proc.scrape_metrics()["dstl_parked_bytes"] < (18 << 20) + (64 << 10)
+    for fut in parked:  # call 1 never came: refused, never applied out of order
         with pytest.raises(grpc.RpcError) as info:
             fut.result(timeout=20)
         assert isinstance(to_dstl_error(info.value), WriterFailed | CallLost)
