@@ -28,6 +28,8 @@ import psutil
 import pytest
 
 from dstl_client import ChangelogClient, ChangelogWriter
+from dstl_server.memory_rule import memory_needed
+from dstl_server.settings import ServerSettings
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3
 from loadtest.s3fault import FaultProxyProcess
@@ -45,15 +47,20 @@ CHANGE = 4 * MiB
 PARTS = 2
 #: max_request_bytes: one request and its framing (the rule counts one request)
 MAX_REQUEST = 9 * MiB
-#: the fixed part of the memory rule (interpreter, gRPC, S3 client, metrics)
-RULE_OVERHEAD = 160 * MiB
 #: how long the outage lasts once every writer is waiting
 OUTAGE_S = 3.0
 
 
 def memory_rule(max_in_flight: int, read_cache: int, max_request: int) -> int:
-    """The documented rule: what a container running the sidecar must be allowed to hold."""
-    return 2 * max_in_flight + read_cache + max_request + RULE_OVERHEAD
+    """The documented rule (docs/sidecar.md, "Memory"): what the sidecar may hold."""
+    settings = ServerSettings(
+        max_in_flight_bytes=max_in_flight,
+        read_cache_bytes=read_cache,
+        max_request_bytes=max_request,
+        batch_size_threshold=MiB,
+        preemptive_persist_threshold=MiB,
+    )
+    return memory_needed(settings).total
 
 
 @pytest.fixture
