@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,13 +70,17 @@ class ClicksPerUser(StatefulProcessor):
 
 
 def write_clicks(directory: Path) -> None:
+    """One file per micro-batch; Spark's file source reads them oldest first."""
     directory.mkdir(parents=True)
+    oldest = time.time() - 100
     for i, batch in enumerate(CLICKS):
         lines = [
             json.dumps({"user": u, "ts": f"2024-01-01T00:{s // 60:02d}:{s % 60:02d}Z"})
             for u, s in batch
         ]
-        (directory / f"clicks-{i}.json").write_text("\n".join(lines) + "\n")
+        path = directory / f"clicks-{i}.json"
+        path.write_text("\n".join(lines) + "\n")
+        os.utime(path, (oldest + i, oldest + i))  # distinct times: a fixed batch order
 
 
 def main() -> int:
