@@ -19,6 +19,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def file_groups(spark_ckpt: Path) -> list[range]:
@@ -63,3 +64,18 @@ def wait_for_all_input(
         if time.monotonic() > deadline:
             raise TimeoutError(f"not every input file was checkpointed in {timeout_s}s: {groups}")
         time.sleep(0.2)
+
+
+def run_until_all_input(query: Any, checkpoint_dir: str, files: int, timeout_s: float) -> None:
+    """A job driver's wait: until every one of ``files`` input files is in a batch Spark
+    committed and ``query`` (a ``DstlQuery``) recorded; prints the file groups Spark used."""
+    from dstl_client.coordinator.config import spark_location
+
+    groups = wait_for_all_input(
+        lambda: query.last_batch_id,
+        Path(spark_location(checkpoint_dir)),
+        files,
+        timeout_s,
+        check=query.raise_if_stopped,
+    )
+    print(f"every input file recorded: {[(g.start, g.stop) for g in groups]}", flush=True)

@@ -25,10 +25,8 @@ import logging
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from dstl_client.coordinator.config import spark_location
 from dstl_client.processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -43,7 +41,7 @@ from loadtest.chaos_bench.workload import (
     OUTPUT_SCHEMA,
 )
 from loadtest.cluster_bench.job import MAX_P, session
-from loadtest.spark_offsets import wait_for_all_input
+from loadtest.spark_offsets import run_until_all_input
 
 JOB_ID = "chaos-bench"
 
@@ -156,14 +154,7 @@ def main() -> int:
     )
     q = stream.writeStream.format("parquet").outputMode("update").start(args.out_dir)
     try:
-        groups = wait_for_all_input(
-            lambda: q.last_batch_id,
-            Path(spark_location(args.checkpoint_dir)),
-            args.until_files,
-            args.timeout_s,
-            check=q.raise_if_stopped,
-        )
-        print(f"every input file recorded: {[(g.start, g.stop) for g in groups]}", flush=True)
+        run_until_all_input(q, args.checkpoint_dir, args.until_files, args.timeout_s)
     finally:
         q.stop()
         spark.stop()

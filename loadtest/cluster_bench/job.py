@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dstl_client.coordinator.config import spark_location
 from dstl_client.state import INT64, TupleSerializer
-from loadtest.spark_offsets import wait_for_all_input
+from loadtest.spark_offsets import run_until_all_input
 
 SUM: TupleSerializer[Any] = TupleSerializer(INT64, INT64)
 OUTPUT_SCHEMA = "k string, count long, total long"
@@ -158,14 +157,7 @@ def main() -> int:
         if args.until_files is None:
             q.wait_for_batch(args.until_batch, timeout_s=args.timeout_s)
         else:
-            groups = wait_for_all_input(
-                lambda: q.last_batch_id,
-                Path(spark_location(args.checkpoint_dir)),
-                args.until_files,
-                args.timeout_s,
-                check=q.raise_if_stopped,
-            )
-            print(f"every input file recorded: {[(g.start, g.stop) for g in groups]}", flush=True)
+            run_until_all_input(q, args.checkpoint_dir, args.until_files, args.timeout_s)
     finally:
         q.stop()
         spark.stop()
