@@ -183,8 +183,8 @@ def _records(checkpoint_dir: Path) -> list[int]:
 
 
 def _final_state(checkpoint_dir: Path, address: str) -> dict[tuple[int, bytes], bytes]:
+    from dstl_client.batch.local import checkpoint_rows
     from dstl_client.client import ChangelogClient
-    from dstl_client.coordinator.local import checkpoint_rows
     from dstl_client.coordinator.storage import CheckpointStorage
 
     storage = CheckpointStorage(checkpoint_dir / "dstl" / "checkpoints")

@@ -19,9 +19,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from dstl_client.checkpoint.messages import MAT_LOST, BatchPlan, TaskResult
+from dstl_client.checkpoint.records import NO_BATCH, CheckpointRecord
 from dstl_client.coordinator.config import CoordinatorConfig
-from dstl_client.coordinator.messages import MAT_LOST, BatchPlan, TaskResult
-from dstl_client.coordinator.records import NO_BATCH, CheckpointRecord
 from dstl_client.core.errors import DstlError
 from dstl_client.keygroups import key_group_range_for_operator
 

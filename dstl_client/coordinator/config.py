@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from dstl_client.checkpoint.messages import DEFAULT_CACHE_ROWS
+from dstl_client.connect import find_address, find_token
 from dstl_client.coordinator.cleanup import DEFAULT_GRACE_S
 from dstl_client.coordinator.metadata import (
     SUPPORTED,
@@ -44,8 +46,6 @@ from dstl_client.coordinator.metadata import (
 from dstl_client.core.errors import ConfigError, InvalidArgument
 from dstl_client.core.keys import check_job_id
 from dstl_client.keygroups import DEFAULT_MAX_PARALLELISM, check_parallelism
-from dstl_client.state.backend import DEFAULT_CACHE_ROWS
-from dstl_client.state.clients import ADDRESS_ENV, TOKEN_ENV
 
 #: the operator id of a query with one keyed operator (its files keep the original layout)
 DEFAULT_OPERATOR = "keyed"
@@ -246,10 +246,11 @@ class CoordinatorConfig(CheckpointSettings):
         cfg = self
         if not cfg.state_dir:
             cfg = dataclasses.replace(cfg, state_dir=default_state_dir())
-        if not cfg.dstl_address:
-            cfg = dataclasses.replace(cfg, dstl_address=os.environ.get(ADDRESS_ENV, ""))
-        if cfg.dstl_token is None and os.environ.get(TOKEN_ENV):
-            cfg = dataclasses.replace(cfg, dstl_token=os.environ[TOKEN_ENV])
+        cfg = dataclasses.replace(
+            cfg,
+            dstl_address=find_address(cfg.dstl_address),
+            dstl_token=find_token(cfg.dstl_token),
+        )
         return cfg
 
     # ---------------------------------------------------------------- layout

@@ -39,7 +39,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from dstl_client.checkpoint.messages import BatchPlan, TaskResult
+from dstl_client.checkpoint.next_record import next_record
+from dstl_client.checkpoint.records import CheckpointRecord
+from dstl_client.checkpoint.stats import CheckpointStats
 from dstl_client.client import ChangelogClient
+from dstl_client.connect import ADDRESS_ENV, require_address
 from dstl_client.coordinator.batches import (
     MaterializationSchedule,
     check_results,
@@ -54,7 +59,6 @@ from dstl_client.coordinator.lifecycle import (
     dispose_operator,
     restore_on_start,
 )
-from dstl_client.coordinator.messages import BatchPlan, TaskResult
 from dstl_client.coordinator.metadata import MetadataStore
 from dstl_client.coordinator.metrics import CoordinatorMetrics
 from dstl_client.coordinator.overrides import (
@@ -66,16 +70,14 @@ from dstl_client.coordinator.overrides import (
     apply_overrides,
     check_override,
 )
-from dstl_client.coordinator.records import CheckpointRecord, next_record
 from dstl_client.coordinator.registry import SharedStateRegistry
 from dstl_client.coordinator.retention import RetainedCheckpoints, Sweeper, SweeperFactory
 from dstl_client.coordinator.state_schemas import OperatorSchemas, adopt
-from dstl_client.coordinator.stats import CheckpointStats
 from dstl_client.coordinator.storage import CheckpointStorage
 from dstl_client.coordinator.watchdog import CheckpointWatchdog
 from dstl_client.core.errors import ConfigError
 from dstl_client.keygroups import check_parallelism
-from dstl_client.state.clients import ADDRESS_ENV, close_log
+from dstl_client.logs import close_log
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +147,9 @@ class CheckpointCoordinator:
     @property
     def client(self) -> ChangelogClient:
         if self._client is None:
-            if not self.config.dstl_address:
-                raise ConfigError(f"no sidecar address: pass dstl_address or set {ADDRESS_ENV}")
-            self._client = ChangelogClient(self.config.dstl_address, token=self.config.dstl_token)
+            how = f"pass dstl_address or set {ADDRESS_ENV}"
+            address = require_address(self.config.dstl_address, how)
+            self._client = ChangelogClient(address, token=self.config.dstl_token)
             self._own_client = True
         return self._client
 
@@ -440,7 +442,7 @@ class CheckpointCoordinator:
                 created_unix=time.time(),
                 state_schema=self.state_schema,
             )
-            stats = stats.of_record(record)
+            stats = record.sized(stats)
             record = replace(record, stats=stats)
             self.storage.write(record)
             record_s = time.perf_counter() - t0

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from dstl_client.checkpoint.records import MAX_BATCH_ID
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.cleanup import JobReferences
 from dstl_client.coordinator.config import (
@@ -79,7 +80,6 @@ from dstl_client.coordinator.config import (
     url_scheme,
 )
 from dstl_client.coordinator.metadata import CorruptMetadata, MetadataStore
-from dstl_client.coordinator.records import MAX_BATCH_ID
 from dstl_client.coordinator.retention import (
     other_operators_records,
     records_object_keys,

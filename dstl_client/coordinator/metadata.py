@@ -45,8 +45,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from dstl_client.checkpoint.codec import CorruptMetadata
 from dstl_client.core.atomic import fsync_dir, is_temp_name, write_once, write_replace
-from dstl_client.core.errors import ConfigError, DstlError, InvalidArgument
+from dstl_client.core.errors import ConfigError, DstlError
 
 __all__ = [
     "CorruptMetadata",
@@ -77,15 +78,6 @@ class MetadataStoreError(DstlError):
         super().__init__(message)
         #: throttling, 5xx, timeouts, lost connections: another attempt may succeed
         self.retryable = retryable
-
-
-class CorruptMetadata(InvalidArgument):
-    """A metadata object (a checkpoint record, the overrides, a restore marker) that does
-    not decode or holds a value out of range; the message names the object and what is
-    wrong. Never skipped: a reader that cannot read a record must not act as if it had none.
-    """
-
-    kind = "corrupt_metadata"
 
 
 class MetadataWriteConflict(MetadataStoreError):

@@ -32,7 +32,7 @@ from prometheus_client import (
     start_http_server,
 )
 
-from dstl_client.coordinator.stats import CheckpointStats
+from dstl_client.checkpoint.stats import CheckpointStats
 from dstl_client.core.version import package_version
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import dataclasses
 import json
 import threading
 
-from dstl_client.coordinator.codec import shown
+from dstl_client.checkpoint.codec import shown
 from dstl_client.coordinator.config import CoordinatorConfig
 from dstl_client.coordinator.metadata import CorruptMetadata, MetadataStore
 from dstl_client.core.errors import ConfigError, DstlError

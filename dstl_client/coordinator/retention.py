@@ -25,11 +25,11 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from dstl_client.checkpoint.records import CheckpointRecord
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.cleanup import JobReferences, NoRecordsRead
 from dstl_client.coordinator.config import SUPERSEDED, CoordinatorConfig
 from dstl_client.coordinator.metadata import CorruptMetadata, MetadataStore
-from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.coordinator.registry import SharedStateRegistry
 from dstl_client.coordinator.storage import CheckpointMissing, CheckpointStorage
 from dstl_client.core.errors import ConfigError, DstlError

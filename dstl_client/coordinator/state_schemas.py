@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dstl_client.coordinator.codec import (
+from dstl_client.checkpoint.codec import (
     FieldError,
     json_field,
     json_int,

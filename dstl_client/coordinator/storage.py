@@ -21,13 +21,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from dstl_client.checkpoint.records import CheckpointRecord
 from dstl_client.coordinator.metadata import (
     CorruptMetadata,
     MetadataStore,
     check_prefix,
     open_metadata_store,
 )
-from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.core.errors import DstlError
 
 _NAME = re.compile(r"^ck-(\d{12})\.json$")

@@ -42,6 +42,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from dstl_client.checkpoint.records import CheckpointRecord
+from dstl_client.connect import ADDRESS_ENV, TOKEN_ENV
 from dstl_client.coordinator.cleanup import DEFAULT_GRACE_S, JobReferences, OrphanSweeper
 from dstl_client.coordinator.config import DEFAULT_OPERATOR, spark_location
 from dstl_client.coordinator.lifecycle import (
@@ -50,7 +52,6 @@ from dstl_client.coordinator.lifecycle import (
     restore_checkpoint,
 )
 from dstl_client.coordinator.overrides import FIELDS
-from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.coordinator.storage import CheckpointMissing
 from dstl_client.core.errors import ConfigError, DstlError, InvalidArgument
 from dstl_client.core.version import package_version
@@ -60,7 +61,6 @@ from dstl_client.ops.context import REST_URL_ENV, RETAINED, JobContext, Listed
 from dstl_client.ops.driver_rest import DriverEndpoint, parse_settings
 from dstl_client.ops.inspect import SectionInfo, inspect_file, inspect_via_sidecar, object_path
 from dstl_client.ops.tokens import CONFIG_TOKEN_ENV, RemovedSecretFlag, resolve_token
-from dstl_client.state.clients import ADDRESS_ENV, TOKEN_ENV
 
 PROG = "dstl"
 #: usage and configuration errors

@@ -15,11 +15,19 @@ The sidecar's token is read from ``--token-file``, else ``$DSTL_TOKEN``
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from dstl_client.checkpoint.records import CheckpointRecord
 from dstl_client.client import ChangelogClient
+from dstl_client.connect import (
+    ADDRESS_ENV,
+    TOKEN_ENV,
+    ca_file,
+    find_address,
+    require_address,
+    root_certificates,
+)
 from dstl_client.coordinator.config import (
     DEFAULT_OPERATOR,
     SUPERSEDED,
@@ -32,11 +40,9 @@ from dstl_client.coordinator.metadata import (
     check_metadata_url,
     open_metadata_store,
 )
-from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.coordinator.storage import CheckpointMissing, CheckpointStorage
 from dstl_client.core.errors import ConfigError
 from dstl_client.ops.tokens import resolve_token
-from dstl_client.state.clients import ADDRESS_ENV, CA_FILE_ENV, TOKEN_ENV
 
 #: where ``dstl config`` finds the driver's REST endpoint by default
 REST_URL_ENV = "DSTL_REST_URL"
@@ -202,20 +208,14 @@ class JobContext:
     @property
     def client(self) -> ChangelogClient:
         if self._client is None:
-            address = self.args.address or os.environ.get(ADDRESS_ENV)
-            if not address:
-                raise ConfigError(
-                    f"no sidecar address: give --address or set {ADDRESS_ENV} (objects are "
-                    "read, listed and discarded through a sidecar)"
-                )
+            address = require_address(
+                find_address(self.args.address),
+                f"give --address or set {ADDRESS_ENV} (objects are "
+                "read, listed and discarded through a sidecar)",
+            )
+            # the CLI's secret rules (file, else variable; checked): the same precedence
             token = resolve_token(self.args.token_file, "--token-file", TOKEN_ENV)
-            ca_file = os.environ.get(CA_FILE_ENV) or None
-            roots = None
-            if ca_file:
-                try:
-                    roots = Path(ca_file).read_bytes()
-                except OSError as exc:
-                    raise ConfigError(f"{CA_FILE_ENV}={ca_file!r}: cannot read: {exc}") from None
+            roots = root_certificates(ca_file())
             self._client = ChangelogClient(
                 address, token=token, root_certificates=roots, timeout_s=self.args.timeout_s
             )

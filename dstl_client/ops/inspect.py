@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from dstl_client.checkpoint.records import CheckpointRecord
 from dstl_client.client import ChangelogClient
-from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.core.errors import ConfigError, CorruptObject, DstlError
 from dstl_client.core.format import parse_kg_block, parse_log_header, verify_object
 from dstl_client.core.handle import ChangelogHandle, HandleEntry

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dstl_client.checkpoint.messages import BatchPlan, TaskResult
 from dstl_client.client import ChangelogClient
-from dstl_client.coordinator.messages import BatchPlan, TaskResult
 from dstl_client.processor.runtime import Emit, ProcessorRuntime, drain
 from dstl_client.processor.stats import ProcessorStats
 from dstl_client.processor.times import BatchTimes

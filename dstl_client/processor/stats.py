@@ -1,9 +1,9 @@
 """Figures of a processor's batches: per task (:class:`ProcessorStats`), per batch (:class:`BatchFigures`).
 
 A task reports its :class:`ProcessorStats` as JSON in its result row (beside
-its checkpoint :class:`~dstl_client.coordinator.messages.TaskResult`); the
+its checkpoint :class:`~dstl_client.checkpoint.messages.TaskResult`); the
 driver sums them and adds the checkpoint's own figures
-(:class:`~dstl_client.coordinator.stats.CheckpointStats`) into one
+(:class:`~dstl_client.checkpoint.stats.CheckpointStats`) into one
 :class:`BatchFigures` per batch, which it logs and attaches to Spark's query
 progress (:mod:`.progress`).
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from dstl_client.coordinator.stats import CheckpointStats
+from dstl_client.checkpoint.stats import CheckpointStats
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dstl_client.coordinator.messages import BatchPlan
+from dstl_client.checkpoint.messages import BatchPlan
 from dstl_client.core.errors import InvalidArgument
 from dstl_client.processor.runner import ProcessorTask, run_processor
 from dstl_client.processor.stats import ProcessorStats

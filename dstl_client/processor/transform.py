@@ -31,8 +31,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from dstl_client.checkpoint.messages import BatchPlan
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
-from dstl_client.coordinator.messages import BatchPlan
 from dstl_client.coordinator.state_schemas import OperatorSchemas, declared_of
 from dstl_client.core.errors import ConfigError, InvalidArgument
 from dstl_client.extras import require_spark

@@ -51,8 +51,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dstl_client.checkpoint.messages import BatchPlan, TaskResult
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
-from dstl_client.coordinator.messages import BatchPlan, TaskResult
 from dstl_client.core.errors import ConfigError
 from dstl_client.extras import require_spark
 from dstl_client.spark.keyed import (

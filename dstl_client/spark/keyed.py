@@ -62,9 +62,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from dstl_client.checkpoint.messages import BatchPlan, TaskResult
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.failures import CheckpointFailures
-from dstl_client.coordinator.messages import BatchPlan, TaskResult
 from dstl_client.coordinator.rest import CheckpointConfigServer
 from dstl_client.coordinator.state_schemas import OperatorSchemas
 from dstl_client.core.errors import ConfigError

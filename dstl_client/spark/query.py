@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from dstl_client.checkpoint.stats import CheckpointStats
 from dstl_client.coordinator.config import url_scheme
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.failures import CheckpointFailures
 from dstl_client.coordinator.lifecycle import DisposeResult
 from dstl_client.coordinator.rest import CheckpointConfigServer
-from dstl_client.coordinator.stats import CheckpointStats
 from dstl_client.core.errors import DstlError
 
 log = logging.getLogger(__name__)

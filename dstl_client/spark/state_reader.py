@@ -127,7 +127,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dstl_client.checkpoint.records import CheckpointRecord
 from dstl_client.client import ChangelogClient
+from dstl_client.connect import ADDRESS_ENV, find_address, find_token, require_address
 from dstl_client.coordinator.config import (
     DEFAULT_OPERATOR,
     OPERATORS,
@@ -139,14 +141,13 @@ from dstl_client.coordinator.metadata import (
     check_metadata_url,
     open_metadata_store,
 )
-from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.coordinator.state_schemas import OperatorSchemas, StateSchema, load_schemas
 from dstl_client.coordinator.storage import CheckpointMissing, CheckpointStorage
 from dstl_client.core.errors import ConfigError, InvalidArgument
 from dstl_client.extras import require_spark
 from dstl_client.keygroups import KeyGroupRange
 from dstl_client.state.changes import MAP_TAG, decode_state_key, iter_elements
-from dstl_client.state.clients import ADDRESS_ENV, STATE_DIR_ENV, TOKEN_ENV, shared_client
+from dstl_client.state.clients import STATE_DIR_ENV, shared_client
 from dstl_client.state.restore import restore_range
 from dstl_client.state.serializers import Serializer
 from dstl_client.state.store import LocalKeyedStore
@@ -672,14 +673,12 @@ def _rows(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+#: where a state reader can be given its sidecar (a :class:`ConfigError` names it)
+_HOW = f"pass dstl_address or set {ADDRESS_ENV} (the state is read through a sidecar)"
+
+
 def _client(address: str | None, token: str | None) -> ChangelogClient:
-    address = address or os.environ.get(ADDRESS_ENV)
-    if not address:
-        raise ConfigError(
-            f"no sidecar address: pass dstl_address or set {ADDRESS_ENV} (the state is read "
-            "through a sidecar)"
-        )
-    return shared_client(address, token if token is not None else os.environ.get(TOKEN_ENV))
+    return shared_client(require_address(find_address(address), _HOW), find_token(token))
 
 
 def iter_state_rows(
@@ -864,14 +863,14 @@ def _plan_from_options(options: Mapping[str, str]) -> _Plan:
     if state_name is not None:
         _typed_state(found.schemas, state_name, record)
     kgs = options.get("keygroups")
-    address = options.get("dstladdress") or os.environ.get(ADDRESS_ENV, "")
+    address = find_address(options.get("dstladdress"))
     return _Plan(
         record_json=record.to_bytes().decode("utf-8"),
         schemas_json=None if found.schemas is None else found.schemas.to_bytes().decode("utf-8"),
         state_name=state_name,
         serializers={},
         address=address,
-        token=os.environ.get(TOKEN_ENV),
+        token=find_token(),
         key_groups=tuple(
             _key_groups(_parse_key_groups(kgs) if kgs else None, record.max_parallelism)
         ),
@@ -897,9 +896,8 @@ def _read_slice(plan: _Plan, key_groups: Sequence[int]) -> Iterator[Any]:
     record = CheckpointRecord.from_bytes(plan.record_json.encode("utf-8"))
     schemas = plan.schemas()
     # the sidecar of this node, like the job's tasks; else the one the reader was given
-    address = os.environ.get(ADDRESS_ENV) or plan.address
-    token = os.environ.get(TOKEN_ENV) or plan.token
-    client = _client(address, token)
+    address = find_address(passed=plan.address)
+    client = _client(address, find_token(passed=plan.token))
     # the scratch store on the node's state disk when it has one (the temp dir may be small)
     workdir = os.environ.get(STATE_DIR_ENV) or None
     if workdir:
@@ -1015,12 +1013,7 @@ def read_state(
         metadata_s3_endpoint_url=metadata_s3_endpoint_url,
         metadata_s3_region=metadata_s3_region,
     )
-    address = dstl_address or os.environ.get(ADDRESS_ENV, "")
-    if not address:
-        raise ConfigError(
-            f"no sidecar address: pass dstl_address or set {ADDRESS_ENV} (the state is read "
-            "through a sidecar)"
-        )
+    address = require_address(find_address(dstl_address), _HOW)
     if partitions is not None and partitions < 1:
         raise ConfigError(f"partitions={partitions}: must be >= 1")
     record, schemas = found.record, found.schemas
@@ -1037,7 +1030,7 @@ def read_state(
         state_name=state_name,
         serializers=specs,
         address=address,
-        token=dstl_token if dstl_token is not None else os.environ.get(TOKEN_ENV),
+        token=find_token(dstl_token),
         key_groups=tuple(_key_groups(key_groups, record.max_parallelism)),
         partitions=partitions or record.parallelism,
     )

@@ -4,7 +4,7 @@ Rows arrive routed by key group (``repartitionById``) plus one marker row per
 partition, so every subtask runs even without data. The partition's rows are
 grouped by key, run through :func:`~dstl_client.state.subtask.run_keyed`,
 and come back as Arrow batches: the user's output rows, then one result row
-carrying the :class:`~dstl_client.coordinator.messages.TaskResult` (and, in
+carrying the :class:`~dstl_client.checkpoint.messages.TaskResult` (and, in
 ``EXTRA_COLUMN``, what else a kind of task reports, e.g. a processor's figures).
 
 Invariant: output rows are converted and handed to Spark only after the
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from dstl_client.coordinator.messages import BatchPlan
+from dstl_client.checkpoint.messages import BatchPlan
 from dstl_client.state.subtask import KeyedFunction, run_keyed
 
 META_COLUMN = "__dstl_meta"

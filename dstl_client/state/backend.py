@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from dstl_client.checkpoint.messages import DEFAULT_CACHE_ROWS
 from dstl_client.client import ChangelogWriter
 from dstl_client.core.errors import DstlError, KeyGroupOutOfRange, WriterFailed
 from dstl_client.keygroups import KeyGroupRange, key_bytes, key_group_of_bytes
@@ -32,8 +33,6 @@ from dstl_client.state.changes import (
 )
 from dstl_client.state.store import LocalKeyedStore
 
-#: cached rows before dirty ones are spilled into the store and the cache is cleared
-DEFAULT_CACHE_ROWS = 500_000
 #: changes buffered before they are handed to the writer
 _LOG_BATCH = 4096
 

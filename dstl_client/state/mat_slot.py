@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dstl_client.coordinator.messages import MatResult
+from dstl_client.checkpoint.messages import MatResult
 
 log = logging.getLogger(__name__)
 

@@ -21,14 +21,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from dstl_client.client import ChangelogClient, ChangelogWriter
-from dstl_client.coordinator.messages import (
+from dstl_client.checkpoint.messages import (
     MAT_NOT_HERE,
     MAT_PROCESS_EXITED,
     BatchPlan,
     MatResult,
 )
-from dstl_client.coordinator.records import NO_BATCH
+from dstl_client.checkpoint.records import NO_BATCH
+from dstl_client.client import ChangelogClient, ChangelogWriter
 from dstl_client.core.errors import DstlError
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.keygroups import KeyGroupRange

@@ -17,9 +17,9 @@ after a failure or a restart).
 operator state changed (or right after a rescale, which always rewrites
 it), a subtask writes the whole snapshot of its lists through a fresh DSTL
 writer (``<operator>.opstate``) and persists it, like a materialization part;
-the handle travels in its :class:`~dstl_client.coordinator.messages.TaskResult`
+the handle travels in its :class:`~dstl_client.checkpoint.messages.TaskResult`
 and the checkpoint record keeps one handle per subtask
-(:attr:`~dstl_client.coordinator.records.CheckpointRecord.operator_state`),
+(:attr:`~dstl_client.checkpoint.records.CheckpointRecord.operator_state`),
 carried over from record to record while the list is unchanged. Tasks load
 it lazily on first access, from the last recorded checkpoint: a job that
 uses no operator state pays nothing.
@@ -45,8 +45,8 @@ from dstl_client.core.errors import InvalidArgument
 from dstl_client.state.serializers import Serializer
 
 if TYPE_CHECKING:
+    from dstl_client.checkpoint.messages import BatchPlan
     from dstl_client.client import ChangelogClient
-    from dstl_client.coordinator.messages import BatchPlan
     from dstl_client.core.handle import ChangelogHandle
     from dstl_client.keygroups import KeyGroupRange
 

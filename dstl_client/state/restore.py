@@ -44,11 +44,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from dstl_client.checkpoint.records import CheckpointRecord, Segment
 from dstl_client.client import ChangelogClient
-from dstl_client.coordinator.records import CheckpointRecord, Segment
 from dstl_client.core.errors import CorruptObject
 from dstl_client.core.format import ChangesetView
 from dstl_client.core.handle import ChangelogHandle
+from dstl_client.logs import close_log
 from dstl_client.state.changes import (
     OP_DELETE,
     OP_DELETE_PREFIX,
@@ -56,7 +57,6 @@ from dstl_client.state.changes import (
     OP_PUT,
     decode_change,
 )
-from dstl_client.state.clients import close_log
 from dstl_client.state.store import LocalKeyedStore
 from dstl_client.state.store_dirs import remove_overlapping_stores
 

@@ -1,6 +1,6 @@
 """One subtask of a keyed operator running one batch: the task's lifecycle.
 
-The driver sends every task a :class:`~dstl_client.coordinator.messages.BatchPlan`
+The driver sends every task a :class:`~dstl_client.checkpoint.messages.BatchPlan`
 (in Spark: the closure of the batch's ``mapInArrow`` function). A task for
 subtask ``i``:
 
@@ -19,7 +19,7 @@ subtask ``i``:
    every change applied to the pending batch and appended to the DSTL;
 5. persists the batch's changes durably, *then* commits the pending batch
    locally (version ``N``, its own attempt id), and reports a
-   :class:`~dstl_client.coordinator.messages.TaskResult`.
+   :class:`~dstl_client.checkpoint.messages.TaskResult`.
 
 A retried attempt of the same batch finds the pending batch of the failed
 attempt (other attempt id) and drops it: changes are never applied twice,
@@ -44,9 +44,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from dstl_client.checkpoint.messages import BatchPlan, TaskResult
+from dstl_client.checkpoint.records import NO_BATCH
+from dstl_client.checkpoint.stats import TaskStats
 from dstl_client.client import ChangelogClient, ChangelogWriter
-from dstl_client.coordinator.messages import BatchPlan, TaskResult, TaskStats
-from dstl_client.coordinator.records import NO_BATCH
 from dstl_client.core.errors import CallLost, DstlError, LogNotFound, WriterFailed
 from dstl_client.keygroups import KeyGroupRange, key_group_range_for_operator
 from dstl_client.state.api import KeyedContext

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+from dstl_client.checkpoint.messages import BatchPlan, TaskResult
+from dstl_client.checkpoint.records import CheckpointRecord
 from dstl_client.coordinator.config import CoordinatorConfig
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
-from dstl_client.coordinator.messages import BatchPlan, TaskResult
-from dstl_client.coordinator.records import CheckpointRecord
 from loadtest.recovery_bench.config import BenchConfig
 from loadtest.recovery_bench.workload import (
     key_name,

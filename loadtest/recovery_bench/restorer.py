@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dstl_client.coordinator.records import CheckpointRecord
+from dstl_client.checkpoint.records import CheckpointRecord
 
 #: a file holding another version of ``dstl_client/state/restore.py`` to measure instead
 #: (before/after figures: ``git show REV:dstl_client/state/restore.py > FILE``)

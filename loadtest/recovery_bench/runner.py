@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dstl_client.coordinator.records import CheckpointRecord
+from dstl_client.checkpoint.records import CheckpointRecord
 from loadtest.recovery_bench.config import BenchConfig
 from loadtest.recovery_bench.dstl_job import JobFigures, run_dstl_job
 from loadtest.recovery_bench.restorer import JobRestore, restore_subtasks

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from dstl_client.batch.local import checkpoint_rows
 from dstl_client.client import ChangelogClient
-from dstl_client.coordinator.local import checkpoint_rows
 from dstl_client.coordinator.metadata import open_metadata_store
 from dstl_client.coordinator.storage import CheckpointStorage
 from dstl_server.testing import ServerProcess

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from dstl_client.checkpoint.messages import TaskResult
+from dstl_client.checkpoint.stats import CheckpointStats, TaskStats
 from dstl_client.coordinator.config import CheckpointSettings, CoordinatorConfig
-from dstl_client.coordinator.messages import TaskResult, TaskStats
 from dstl_client.coordinator.metadata import FileMetadataStore
-from dstl_client.coordinator.stats import CheckpointStats
 from dstl_client.core.errors import ConfigError
 from dstl_client.spark.options import KeyedOptions, default_job_id
 

@@ -6,19 +6,19 @@ from dataclasses import replace
 
 import pytest
 
-from dstl_client.coordinator.batches import (
-    MaterializationFailed,
-    MaterializationSchedule,
-    tail_outgrew,
-)
-from dstl_client.coordinator.messages import (
+from dstl_client.checkpoint.messages import (
     MAT_NOT_HERE,
     MAT_PROCESS_EXITED,
     BatchPlan,
     MatResult,
     TaskResult,
 )
-from dstl_client.coordinator.records import NO_BATCH, CheckpointRecord, Segment
+from dstl_client.checkpoint.records import NO_BATCH, CheckpointRecord, Segment
+from dstl_client.coordinator.batches import (
+    MaterializationFailed,
+    MaterializationSchedule,
+    tail_outgrew,
+)
 from dstl_client.core.handle import ChangelogHandle, HandleEntry
 from dstl_client.keygroups import key_group_range_for_operator
 

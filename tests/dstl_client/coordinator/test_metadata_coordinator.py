@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from dstl_client.checkpoint.records import CheckpointRecord
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.config import CoordinatorConfig
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.metadata import S3MetadataStore
-from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.coordinator.storage import CheckpointExists
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3

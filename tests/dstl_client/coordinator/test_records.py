@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from dstl_client.coordinator.messages import MatResult, TaskResult
-from dstl_client.coordinator.records import (
+from dstl_client.checkpoint.messages import MatResult, TaskResult
+from dstl_client.checkpoint.next_record import next_record
+from dstl_client.checkpoint.records import (
     NO_BATCH,
     CheckpointRecord,
     MatEntry,
     compress_kg_map,
     expand_kg_map,
-    next_record,
 )
 from dstl_client.coordinator.registry import SharedStateRegistry
 from dstl_client.coordinator.storage import (

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
+from dstl_client.checkpoint.next_record import next_record
+from dstl_client.checkpoint.records import CheckpointRecord
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.config import CoordinatorConfig
-from dstl_client.coordinator.records import CheckpointRecord, next_record
 from dstl_client.coordinator.retention import RetainedCheckpoints
 from dstl_client.coordinator.storage import CheckpointStorage
 from dstl_client.core.errors import SidecarUnavailable

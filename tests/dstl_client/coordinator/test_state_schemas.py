@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from dstl_client.checkpoint.records import CheckpointRecord, SubtaskInfo
 from dstl_client.coordinator.metadata import CorruptMetadata, FileMetadataStore
-from dstl_client.coordinator.records import CheckpointRecord, SubtaskInfo
 from dstl_client.coordinator.state_schemas import (
     OperatorSchemas,
     StateSchema,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from dstl_client.batch.local import checkpoint_rows
 from dstl_client.client import ChangelogClient
-from dstl_client.coordinator.local import checkpoint_rows
 from dstl_client.coordinator.rest import CheckpointConfigServer
 from dstl_client.coordinator.storage import CheckpointStorage
 from dstl_client.core.version import package_version

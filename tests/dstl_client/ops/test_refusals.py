@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from dstl_client.batch.local import checkpoint_rows
 from dstl_client.client import ChangelogClient
-from dstl_client.coordinator.local import checkpoint_rows
 from dstl_client.coordinator.storage import CheckpointStorage
 from dstl_server.testing import ServerProcess
 from tests.dstl_client.ops._helpers import BATCHES, Job, dstl

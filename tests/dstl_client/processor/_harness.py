@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dstl_client.batch.local import partition_rows
+from dstl_client.checkpoint.messages import TaskResult
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
-from dstl_client.coordinator.local import partition_rows
-from dstl_client.coordinator.messages import TaskResult
 from dstl_client.processor.runner import ProcessorTask, run_processor, string_key
 from dstl_client.processor.stats import ProcessorStats
 from dstl_client.processor.times import BatchTimes

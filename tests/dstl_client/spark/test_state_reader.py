@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from dstl_client.batch.local import checkpoint_rows
 from dstl_client.client import ChangelogClient
-from dstl_client.coordinator.local import checkpoint_rows
 from dstl_client.coordinator.storage import CheckpointMissing, CheckpointStorage
 from dstl_client.core.errors import ConfigError, InvalidArgument
 from dstl_client.keygroups import key_group_for_key

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dstl_client.batch.local import LocalRunner, checkpoint_rows
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.config import CoordinatorConfig
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
-from dstl_client.coordinator.local import LocalRunner, checkpoint_rows
 from dstl_client.coordinator.retention import SweeperFactory
 from dstl_client.state.api import KeyedContext
 from dstl_client.state.changes import decode_state_key

@@ -11,11 +11,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from dstl_client.batch.local import LocalRunner
+from dstl_client.checkpoint.messages import MAT_NOT_HERE, MAT_PROCESS_EXITED, BatchPlan
+from dstl_client.checkpoint.records import NO_BATCH
 from dstl_client.client import ChangelogClient, ChangelogWriter
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
-from dstl_client.coordinator.local import LocalRunner
-from dstl_client.coordinator.messages import MAT_NOT_HERE, MAT_PROCESS_EXITED, BatchPlan
-from dstl_client.coordinator.records import NO_BATCH
 from dstl_client.keygroups import key_group_range_for_operator
 from dstl_client.state.mat_slot import RECORD_NAME, RUNNING, MaterializationSlot, SlotRecord
 from dstl_client.state.store import LocalKeyedStore

@@ -8,15 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from dstl_client.coordinator.messages import BatchPlan
+from dstl_client.checkpoint.messages import BatchPlan
+from dstl_client.connect import ADDRESS_ENV, TOKEN_ENV
 from dstl_client.core.errors import ConfigError
-from dstl_client.state.clients import (
-    ADDRESS_ENV,
-    STATE_DIR_ENV,
-    TOKEN_ENV,
-    resolve_address,
-    resolve_state_dir,
-)
+from dstl_client.state.clients import STATE_DIR_ENV, resolve_address, resolve_state_dir
 
 
 def plan(address: str | None = "driver:7070", token: str | None = "driver-token") -> BatchPlan:

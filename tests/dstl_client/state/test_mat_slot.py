@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dstl_client.coordinator.messages import MatResult
+from dstl_client.checkpoint.messages import MatResult
 from dstl_client.state.mat_slot import (
     DONE,
     RECORD_NAME,

@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dstl_client.batch.local import LocalRunner, partition_rows
+from dstl_client.checkpoint.next_record import next_record
+from dstl_client.checkpoint.records import CheckpointRecord
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
-from dstl_client.coordinator.local import LocalRunner, partition_rows
-from dstl_client.coordinator.records import CheckpointRecord, next_record
 from dstl_client.core.errors import InvalidArgument
 from dstl_client.state import INT64, STR
 from dstl_client.state.api import KeyedContext

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dstl_client.checkpoint.records import CheckpointRecord
 from dstl_client.client import ChangelogClient
-from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.core.errors import CorruptObject
 from dstl_client.core.format import ChangesetView, split_changes
 from dstl_client.keygroups import KeyGroupRange

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from dstl_client.batch.local import partition_rows
+from dstl_client.checkpoint.messages import BatchPlan
 from dstl_client.client import ChangelogClient
-from dstl_client.coordinator.local import partition_rows
-from dstl_client.coordinator.messages import BatchPlan
 from dstl_client.core.errors import DstlError, WriterFailed
 from dstl_client.keygroups import key_group_range_for_operator
 from dstl_client.state.api import KeyedContext

@@ -3,7 +3,8 @@
 * :class:`BatchPlan`: the driver to every task of one batch (in Spark it
   travels pickled in the closure of the batch's ``mapInArrow`` function).
 * :class:`TaskResult`: one task to the driver (JSON bytes in the task's
-  result row), with its :class:`MatResult` and its :class:`TaskStats`.
+  result row), with its :class:`MatResult` and its
+  :class:`~dstl_client.checkpoint.stats.TaskStats`.
 
 All of them are frozen: a message is built once and never changed, so the
 driver and the task never share mutable state. They are plain data, safe to
@@ -16,18 +17,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from dstl_client.coordinator.codec import (
-    flat_from_json,
-    flat_to_json,
+from dstl_client.checkpoint.codec import (
     handle_from_text,
     handle_to_text,
 )
-from dstl_client.coordinator.records import NO_BATCH, CheckpointRecord
+from dstl_client.checkpoint.records import NO_BATCH, CheckpointRecord
+from dstl_client.checkpoint.stats import TaskStats
 from dstl_client.core.errors import InvalidArgument
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.keygroups import KeyGroupRange
-from dstl_client.state.backend import DEFAULT_CACHE_ROWS
 
+#: cached rows of a task's state backend before dirty ones are spilled into its store
+DEFAULT_CACHE_ROWS = 500_000
 #: how a task reports a materialization whose process exited before it ended (the
 #: driver then lets the next round's tasks wait for theirs: see ``MaterializationSchedule``)
 MAT_PROCESS_EXITED = "the materialization's process exited before it finished"
@@ -71,60 +72,6 @@ class BatchPlan:
     @property
     def committed_batch(self) -> int:
         return NO_BATCH if self.committed is None else self.committed.batch_id
-
-
-@dataclass(frozen=True, slots=True)
-class TaskStats:
-    """Figures of one task attempt of one batch; durations in seconds.
-
-    The driver sums them into a
-    :class:`~dstl_client.coordinator.stats.CheckpointStats` by field, never by name.
-    """
-
-    #: input rows and distinct keys the user function saw
-    rows: int = 0
-    keys: int = 0
-    #: state changes logged, their bytes, and the bytes the persist stored
-    changes: int = 0
-    logged_bytes: int = 0
-    persisted_bytes: int = 0
-    #: the local store's size after the batch
-    state_bytes: int = 0
-    key_groups_touched: int = 0
-    lock_s: float = 0.0
-    open_s: float = 0.0
-    apply_s: float = 0.0
-    persist_s: float = 0.0
-    mat_wait_s: float = 0.0
-    local_commit_s: float = 0.0
-    task_s: float = 0.0
-    #: the store was emptied (no checkpoint yet, but a stale store was found)
-    reset: bool = False
-    #: the store was rebuilt from the committed checkpoint
-    restored: bool = False
-    restore_s: float = 0.0
-    restore_rows: int = 0
-    restore_replayed: int = 0
-    restore_bytes: int = 0
-    #: the attempt created a new changelog writer (first run, or the old log was gone)
-    new_writer: bool = False
-    #: the log id of a writer the attempt gave up (see ``Subtask.close``)
-    abandoned_log: str = ""
-    #: the changelog was truncated below this SQN in this attempt (0: not)
-    truncated_before: int = 0
-    mat_s: float = 0.0
-    mat_bytes: int = 0
-    mat_kgs: int = 0
-    mat_dirty_kgs: int = 0
-    #: the engine's attempt number of the task (Spark: ``TaskContext.attemptNumber``)
-    task_attempt: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return flat_to_json(self)
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any] | None) -> TaskStats:
-        return flat_from_json(cls, doc)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ import dataclasses
 import math
 from typing import Any, TypeVar
 
-from dstl_client.core.errors import DstlError
+from dstl_client.core.errors import DstlError, InvalidArgument
 from dstl_client.core.handle import ChangelogHandle
 
 T = TypeVar("T")
@@ -21,8 +21,17 @@ class FieldError(ValueError):
     """A JSON value of the wrong type or out of range; the message says which and why.
 
     Readers of whole documents catch it and raise the typed error of their
-    document, naming the file (e.g. :class:`~.metadata.CorruptMetadata`).
+    document, naming the file (e.g. :class:`CorruptMetadata`).
     """
+
+
+class CorruptMetadata(InvalidArgument):
+    """A metadata object (a checkpoint record, the overrides, a restore marker) that does
+    not decode or holds a value out of range; the message names the object and what is
+    wrong. Never skipped: a reader that cannot read a record must not act as if it had none.
+    """
+
+    kind = "corrupt_metadata"
 
 
 def shown(value: Any, limit: int = 40) -> str:

@@ -16,7 +16,7 @@ overwritten) says, for the whole keyed operator:
   operator (non-keyed) lists, if it has any (see
   :mod:`dstl_client.state.operator_state`);
 * ``state_schema``: the id of the operator's state schema document, when its
-  states declared schemas (a processor's; see :mod:`.state_schemas`). Absent
+  states declared schemas (a processor's; see :mod:`dstl_client.coordinator.state_schemas`). Absent
   in older records and for ``process_keyed``: readers then need serializers.
 
 Restoring key group ``kg``: load its rows from ``parts[kg_map[kg].part]``,
@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dstl_client.coordinator.codec import (
+from dstl_client.checkpoint.codec import (
+    CorruptMetadata,
     FieldError,
     handle_from_text,
     handle_to_text,
@@ -48,14 +49,10 @@ from dstl_client.coordinator.codec import (
     json_str,
     shown,
 )
-from dstl_client.coordinator.metadata import CorruptMetadata
-from dstl_client.coordinator.stats import CheckpointStats
+from dstl_client.checkpoint.stats import CheckpointStats
 from dstl_client.core.errors import InvalidArgument
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.keygroups import MAX_MAX_PARALLELISM, KeyGroupRange
-
-if TYPE_CHECKING:
-    from dstl_client.coordinator.messages import TaskResult
 
 RECORD_FORMAT = 1
 NO_BATCH = -1
@@ -173,6 +170,15 @@ class CheckpointRecord:
                 return s
         return None
 
+    def sized(self, stats: CheckpointStats) -> CheckpointStats:
+        """``stats`` with this record's sizes: segments, parts and their stored bytes."""
+        return stats.with_sizes(
+            segments=len(self.segments),
+            parts=len(self.parts),
+            size_bytes=sum(h.stored_bytes for h in self.parts.values())
+            + sum(s.handle.stored_bytes for s in self.segments),
+        )
+
     def mat_per_kg(self) -> list[tuple[str | None, int]]:
         return expand_kg_map(self.kg_map, self.max_parallelism)
 
@@ -220,7 +226,7 @@ class CheckpointRecord:
     def from_json(
         cls, doc: dict[str, Any], *, where: str = "checkpoint record"
     ) -> CheckpointRecord:
-        """The record of a JSON object; :class:`~.metadata.CorruptMetadata` naming ``where``
+        """The record of a JSON object; :class:`~.codec.CorruptMetadata` naming ``where``
         and the field when any field is missing, of the wrong type or out of range."""
         try:
             return cls._decode(json_object(doc, "the record"))
@@ -308,110 +314,9 @@ class CheckpointRecord:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str = "checkpoint record") -> CheckpointRecord:
-        """:meth:`from_json` of the bytes; :class:`~.metadata.CorruptMetadata` naming ``where``."""
+        """:meth:`from_json` of the bytes; :class:`~.codec.CorruptMetadata` naming ``where``."""
         try:
             doc = json.loads(data)
         except (ValueError, RecursionError) as exc:
             raise CorruptMetadata(f"{where}: not JSON ({exc})") from None
         return cls.from_json(doc, where=where)
-
-
-def next_record(
-    prev: CheckpointRecord | None,
-    *,
-    job_id: str,
-    operator_id: str,
-    batch_id: int,
-    max_parallelism: int,
-    parallelism: int,
-    results: Iterable[TaskResult],
-    source_progress: Any = None,
-    created_unix: float = 0.0,
-    stats: CheckpointStats | None = None,
-    state_schema: str | None = None,
-) -> CheckpointRecord:
-    """The record of ``batch_id``: ``prev`` plus the batch's task results.
-
-    ``state_schema``: the id of the schema document this run declared (not
-    carried over from ``prev``: each run records what it declared).
-
-    Materializations move key groups to new parts (uploaded), to nothing
-    (cleared) or re-reference their part as of the new batch (unchanged);
-    segments every key group of which is covered by a materialization taken at
-    or after their batch are dropped, and so are parts no key group uses.
-    """
-    results = list(results)  # read twice
-    per_kg: list[tuple[str | None, int]] = (
-        prev.mat_per_kg() if prev is not None else [(None, NO_BATCH)] * max_parallelism
-    )
-    if prev is not None and prev.max_parallelism != max_parallelism:
-        raise InvalidArgument(
-            f"max_parallelism changed from {prev.max_parallelism} to {max_parallelism}: "
-            "it is fixed when a job is created"
-        )
-    parts = dict(prev.parts) if prev is not None else {}
-    segments = list(prev.segments) if prev is not None else []
-    subtasks: list[SubtaskInfo] = []
-    for r in sorted(results, key=lambda r: r.index):
-        subtasks.append(SubtaskInfo(r.index, r.first, r.last, r.attempt))
-        if r.mat is not None:
-            m = r.mat
-            uploaded = set(m.uploaded)
-            cleared = set(m.cleared)
-            pid = m.part_id
-            if pid is not None and m.part is not None:
-                parts[pid] = m.part
-            for kg in range(r.first, r.last + 1):
-                if m.batch < per_kg[kg][1]:
-                    continue  # an older materialization than the recorded one: never goes back
-                if kg in uploaded:
-                    per_kg[kg] = (pid, m.batch)
-                elif kg in cleared:
-                    per_kg[kg] = (None, m.batch)
-                else:
-                    per_kg[kg] = (per_kg[kg][0], m.batch)
-        if r.changelog is not None:
-            segments.append(Segment(batch_id, r.first, r.last, r.changelog))
-    kept = [
-        s for s in segments if any(per_kg[kg][1] < s.batch for kg in range(s.first, s.last + 1))
-    ]
-    used = {p for p, _ in per_kg if p is not None}
-    return CheckpointRecord(
-        job_id=job_id,
-        operator_id=operator_id,
-        batch_id=batch_id,
-        max_parallelism=max_parallelism,
-        parallelism=parallelism,
-        subtasks=tuple(subtasks),
-        kg_map=tuple(compress_kg_map(per_kg)),
-        parts={pid: h for pid, h in parts.items() if pid in used},
-        segments=tuple(sorted(kept, key=lambda s: (s.batch, s.first))),
-        source_progress=source_progress,
-        created_unix=created_unix,
-        stats=stats,
-        operator_state=_operator_state(prev, parallelism, results),
-        state_schema=state_schema,
-    )
-
-
-def _operator_state(
-    prev: CheckpointRecord | None, parallelism: int, results: Iterable[TaskResult]
-) -> tuple[tuple[int, ChangelogHandle], ...]:
-    """Each subtask's operator-state handle: the one it wrote, else the recorded one.
-
-    A recorded handle is carried over only while the parallelism is
-    unchanged: after a rescale every subtask rewrites its redistributed lists.
-    """
-    carried = dict(prev.operator_state) if prev is not None else {}
-    same = prev is not None and prev.parallelism == parallelism
-    out: dict[int, ChangelogHandle] = {}
-    for r in results:
-        if r.op_state is not None:
-            out[r.index] = r.op_state
-        elif same and r.index in carried:
-            out[r.index] = carried[r.index]
-        elif carried and not same:
-            raise InvalidArgument(
-                f"subtask {r.index} did not rewrite its operator state after a rescale"
-            )
-    return tuple(sorted(out.items()))

@@ -11,10 +11,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from dstl_client.checkpoint.messages import BatchPlan, TaskResult
+from dstl_client.checkpoint.records import CheckpointRecord
 from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
-from dstl_client.coordinator.messages import BatchPlan, TaskResult
-from dstl_client.coordinator.records import CheckpointRecord
 from dstl_client.keygroups import KeyGroupRange, key_group_for_key
 from dstl_client.state.restore import restore_range
 from dstl_client.state.store import LocalKeyedStore, read_all_rows

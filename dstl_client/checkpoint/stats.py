@@ -1,4 +1,4 @@
-"""Statistics of one checkpoint, summed from its tasks' :class:`TaskStats` by code.
+"""Statistics of one task (:class:`TaskStats`) and of one checkpoint, summed from them by code.
 
 Every figure is a typed field: a sum or a peak over the tasks is spelled out
 once in :meth:`CheckpointStats.of_tasks`, so a misspelt figure is an error
@@ -12,13 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from dstl_client.coordinator.codec import flat_from_json, flat_to_json
-
-if TYPE_CHECKING:
-    from dstl_client.coordinator.messages import TaskResult
-    from dstl_client.coordinator.records import CheckpointRecord
+from dstl_client.checkpoint.codec import flat_from_json, flat_to_json
 
 #: task errors of a materialization kept in a checkpoint's statistics
 MAX_MAT_ERRORS = 3
@@ -26,6 +22,69 @@ MAX_MAT_ERRORS = 3
 
 def _r(seconds: float) -> float:
     return round(seconds, 4)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStats:
+    """Figures of one task attempt of one batch; durations in seconds.
+
+    The driver sums them into a :class:`CheckpointStats` by field, never by name.
+    """
+
+    #: input rows and distinct keys the user function saw
+    rows: int = 0
+    keys: int = 0
+    #: state changes logged, their bytes, and the bytes the persist stored
+    changes: int = 0
+    logged_bytes: int = 0
+    persisted_bytes: int = 0
+    #: the local store's size after the batch
+    state_bytes: int = 0
+    key_groups_touched: int = 0
+    lock_s: float = 0.0
+    open_s: float = 0.0
+    apply_s: float = 0.0
+    persist_s: float = 0.0
+    mat_wait_s: float = 0.0
+    local_commit_s: float = 0.0
+    task_s: float = 0.0
+    #: the store was emptied (no checkpoint yet, but a stale store was found)
+    reset: bool = False
+    #: the store was rebuilt from the committed checkpoint
+    restored: bool = False
+    restore_s: float = 0.0
+    restore_rows: int = 0
+    restore_replayed: int = 0
+    restore_bytes: int = 0
+    #: the attempt created a new changelog writer (first run, or the old log was gone)
+    new_writer: bool = False
+    #: the log id of a writer the attempt gave up (see ``Subtask.close``)
+    abandoned_log: str = ""
+    #: the changelog was truncated below this SQN in this attempt (0: not)
+    truncated_before: int = 0
+    mat_s: float = 0.0
+    mat_bytes: int = 0
+    mat_kgs: int = 0
+    mat_dirty_kgs: int = 0
+    #: the engine's attempt number of the task (Spark: ``TaskContext.attemptNumber``)
+    task_attempt: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return flat_to_json(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any] | None) -> TaskStats:
+        return flat_from_json(cls, doc)
+
+
+class TaskFigures(Protocol):
+    """What :meth:`CheckpointStats.of_tasks` reads of one task's result (a ``TaskResult``)."""
+
+    @property
+    def stats(self) -> TaskStats: ...
+
+    @property
+    def mat_error(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +134,7 @@ class CheckpointStats:
 
     @classmethod
     def of_tasks(
-        cls, batch_id: int, materialized: bool, results: Sequence[TaskResult]
+        cls, batch_id: int, materialized: bool, results: Sequence[TaskFigures]
     ) -> CheckpointStats:
         """The sums and peaks over one batch's task results."""
         ts = [r.stats for r in results]
@@ -101,15 +160,9 @@ class CheckpointStats:
             mat_errors=errors[:MAX_MAT_ERRORS],
         )
 
-    def of_record(self, record: CheckpointRecord) -> CheckpointStats:
-        """With the sizes of the batch's record."""
-        return replace(
-            self,
-            segments=len(record.segments),
-            parts=len(record.parts),
-            checkpoint_size_bytes=sum(h.stored_bytes for h in record.parts.values())
-            + sum(s.handle.stored_bytes for s in record.segments),
-        )
+    def with_sizes(self, *, segments: int, parts: int, size_bytes: int) -> CheckpointStats:
+        """With the sizes of the batch's record (:meth:`.records.CheckpointRecord.sized`)."""
+        return replace(self, segments=segments, parts=parts, checkpoint_size_bytes=size_bytes)
 
     def completed(
         self, *, record_s: float, discarded_objects: int, batch_s: float | None

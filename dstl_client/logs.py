@@ -1,0 +1,23 @@
+"""Changelogs by their log id, outside a writer: closing one an earlier run left open.
+
+Stateless; any thread (the client it is given is thread-safe).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from dstl_client.client import ChangelogClient, ChangelogWriter
+from dstl_client.core.errors import DstlError
+
+
+def close_log(client: ChangelogClient, job_id: str, log_id: str) -> bool:
+    """Close a changelog writer by its log id, best effort; whether the sidecar took it.
+
+    Its persisted handles stay readable. A log the sidecar does not know (closed
+    already, or held by another node's sidecar) is not an error.
+    """
+    with contextlib.suppress(DstlError):
+        ChangelogWriter(client, job_id, log_id, (0, 0), 1).close()
+        return True
+    return False
