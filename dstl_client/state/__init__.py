@@ -15,8 +15,11 @@ How the pieces fit (one keyed operator of a Spark job):
   checkpoint (merge, drop or restore), materialize if asked, run the user
   function, persist, commit; with :mod:`.restore` (rebuild a range from a
   checkpoint), :mod:`.materialize` (upload a snapshot in the background),
-  :mod:`.clients` (the process's sidecar client, ``DSTL_ADDRESS`` /
-  ``DSTL_TOKEN`` / ``DSTL_CA_FILE``) and :mod:`.store_dirs` (store layout, locks).
+  :mod:`.clients` (the process's sidecar client, found by
+  :mod:`dstl_client.connect`) and :mod:`.store_dirs` (store layout, locks).
+* What a task receives from the driver and reports back (the plan, the
+  result, the checkpoint record) is :mod:`dstl_client.checkpoint`; this
+  package never imports the driver's :mod:`dstl_client.coordinator`.
 
 **Where materialized state goes.** A materialization is a snapshot of the key
 groups changed since their last materialization, written *through the
