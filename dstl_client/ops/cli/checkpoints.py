@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dstl_client.coordinator.config import DEFAULT_OPERATOR, spark_location
-from dstl_client.coordinator.lifecycle import dispose_job, restore_checkpoint
+from dstl_client.coordinator.lifecycle import dispose_job
 from dstl_client.coordinator.records import CheckpointRecord
+from dstl_client.coordinator.rollback import restore_checkpoint
 from dstl_client.ops import render
 from dstl_client.ops.cli.parsing import UsageError, actions, leaf
 from dstl_client.ops.context import RETAINED, JobContext, Listed
