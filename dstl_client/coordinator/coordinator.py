@@ -65,7 +65,8 @@ from dstl_client.coordinator.records import CheckpointRecord, next_record
 from dstl_client.coordinator.registry import SharedStateRegistry
 from dstl_client.coordinator.retention import RetainedCheckpoints, Sweeper, SweeperFactory
 from dstl_client.coordinator.rollback import RestoreResult, restore_on_start
-from dstl_client.coordinator.state_schemas import OperatorSchemas, adopt
+from dstl_client.coordinator.schema_evolution import adopt
+from dstl_client.coordinator.state_schemas import OperatorSchemas
 from dstl_client.coordinator.stats import CheckpointStats
 from dstl_client.coordinator.storage import CheckpointStorage
 from dstl_client.coordinator.watchdog import CheckpointWatchdog
