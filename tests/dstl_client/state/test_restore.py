@@ -25,7 +25,9 @@ from dstl_client.state.changes import (
     encode_list_append,
     encode_put,
 )
-from dstl_client.state.restore import _KgRows, _KgTail, restore_range
+from dstl_client.state.restore import restore_range
+from dstl_client.state.restore_rows import KgRows as _KgRows
+from dstl_client.state.restore_rows import KgTail as _KgTail
 from dstl_client.state.store import LocalKeyedStore, read_all_rows
 from dstl_server.testing import ServerProcess
 from tests.dstl_client.state._jobs import (
