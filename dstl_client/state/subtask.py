@@ -310,6 +310,7 @@ class Subtask:
             changelog=None if handle.is_empty() else handle,
             mat=mat.result,
             mat_error=mat.error,
+            mat_failure=mat.failure,
             mat_batch=mat.batch,
             stats=self.stats,
             log_id=writer.log_id,
