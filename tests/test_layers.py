@@ -21,6 +21,7 @@ def _forbidden_by_source() -> dict[tuple[str, ...], set[str]]:
     return {
         tuple(c["source_modules"]): set(c["forbidden_modules"])
         for c in doc["tool"]["importlinter"]["contracts"]
+        if c["type"] == "forbidden"
     }
 
 

@@ -12,8 +12,9 @@ It has the methods the state classes call on
 ``delete_prefix``, ``list_append``, ``scan_range``, the current key), so the
 same classes run on it unchanged: the ``KeyedContext`` states of
 :mod:`dstl_client.state.api` and the processor's states, timers and TTL index
-of :mod:`dstl_client.processor` (duck-typed; :func:`as_keyed_backend` gives
-it the annotation those classes expect).
+of :mod:`dstl_client.processor`, which take a
+:class:`~dstl_client.state.keyed_backend.KeyedBackend` (mypy checks that
+this class implements it).
 
 Invariants: only the runner changes the key (:meth:`SingleKeyBackend.start_key`),
 keys arrive in strictly increasing order (the sort guarantees it; a key seen
@@ -27,13 +28,11 @@ plain maps of the current key's rows. Thread: one task's thread.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from dstl_client.core.errors import InvalidArgument
 from dstl_client.keygroups import KeyGroupRange, key_bytes
-
-if TYPE_CHECKING:
-    from dstl_client.state.backend import KeyedStateBackend
+from dstl_client.state.keyed_backend import KeyedBackend
 
 #: the one pseudo key group of a single-key backend
 PSEUDO_KEY_GROUP = 0
@@ -249,11 +248,7 @@ class SingleKeyBackend:
         """Nothing is logged in sorted mode."""
 
 
-def as_keyed_backend(backend: SingleKeyBackend) -> KeyedStateBackend:
-    """``backend`` where a :class:`~dstl_client.state.backend.KeyedStateBackend` is annotated.
-
-    The state classes take a ``KeyedStateBackend`` by annotation and use only
-    the methods :class:`SingleKeyBackend` has too (tests check the list), so
-    this is a cast, not a conversion.
-    """
-    return cast("KeyedStateBackend", backend)
+def as_keyed_backend(backend: SingleKeyBackend) -> KeyedBackend:
+    """``backend`` as the :class:`~dstl_client.state.keyed_backend.KeyedBackend` the state
+    classes take (no conversion: mypy checks here that the class implements it)."""
+    return backend

@@ -13,6 +13,7 @@ use from any thread.
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,8 +37,35 @@ MAT_PROCESS_EXITED = "the materialization's process exited before it finished"
 #: started it ran on another node (Spark placed the subtask elsewhere this batch), or the
 #: store was rebuilt since (the driver reacts as to :data:`MAT_PROCESS_EXITED`)
 MAT_NOT_HERE = "the round is not materializing in this node's store"
-#: the reports after which the driver lets the next rounds' tasks wait for their upload
-MAT_LOST = (MAT_PROCESS_EXITED, MAT_NOT_HERE)
+
+
+class MatFailure(enum.Enum):
+    """Why a subtask's materialization round ended without a result (with ``mat_error``,
+    which says it in words). The driver reacts to the kind, never to the words."""
+
+    #: the upload raised (the sidecar, the store, the snapshot)
+    ERROR = "error"
+    #: it could not start in this store (its snapshot reader, its thread)
+    NOT_STARTED = "not_started"
+    #: a materialization of another round still runs in this store
+    BUSY = "busy"
+    #: its process exited before it finished (:data:`MAT_PROCESS_EXITED`)
+    PROCESS_EXITED = "process_exited"
+    #: the round is not materializing in this node's store (:data:`MAT_NOT_HERE`)
+    NOT_HERE = "not_here"
+
+    @property
+    def lost(self) -> bool:
+        """The upload did not finish where it started: the next rounds' tasks wait for theirs."""
+        return self in (MatFailure.PROCESS_EXITED, MatFailure.NOT_HERE)
+
+    @classmethod
+    def of(cls, value: object, error: str) -> MatFailure | None:
+        """The kind a report's JSON names; ``None`` without an error (a report from before the
+        kinds, with one: :attr:`ERROR`)."""
+        if not error:
+            return None
+        return cls(value) if value else cls.ERROR
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +152,8 @@ class TaskResult:
     changelog: ChangelogHandle | None
     mat: MatResult | None = None
     mat_error: str = ""
+    #: why the round ended without ``mat`` (set with ``mat_error``)
+    mat_failure: MatFailure | None = None
     #: the materialization round ``mat`` / ``mat_error`` report on (``NO_BATCH``: none)
     mat_batch: int = NO_BATCH
     stats: TaskStats = field(default_factory=TaskStats)
@@ -156,6 +186,7 @@ class TaskResult:
             "changelog": None if self.changelog is None else handle_to_text(self.changelog),
             "mat": None if self.mat is None else self.mat.to_json(),
             "mat_error": self.mat_error,
+            "mat_failure": None if self.mat_failure is None else self.mat_failure.value,
             "mat_batch": self.mat_batch,
             "stats": self.stats.to_json(),
             "log_id": self.log_id,
@@ -179,6 +210,7 @@ class TaskResult:
             changelog=None if doc["changelog"] is None else handle_from_text(doc["changelog"]),
             mat=None if m is None else MatResult.from_json(m),
             mat_error=str(doc.get("mat_error") or ""),
+            mat_failure=MatFailure.of(doc.get("mat_failure"), str(doc.get("mat_error") or "")),
             mat_batch=int(doc.get("mat_batch", NO_BATCH)),
             stats=TaskStats.from_json(doc.get("stats")),
             log_id=str(doc.get("log_id") or ""),

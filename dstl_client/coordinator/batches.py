@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from dstl_client.checkpoint.messages import MAT_LOST, BatchPlan, TaskResult
+from dstl_client.checkpoint.messages import BatchPlan, TaskResult
 from dstl_client.checkpoint.records import NO_BATCH, CheckpointRecord
 from dstl_client.coordinator.config import CoordinatorConfig
 from dstl_client.core.errors import DstlError
@@ -107,6 +107,8 @@ class MatRound:
     pending: set[int]
     #: the errors reported so far (``subtask i: ...``)
     errors: list[str] = field(default_factory=list)
+    #: those of uploads lost on the way (:attr:`~.messages.MatFailure.lost`)
+    lost: list[str] = field(default_factory=list)
     #: the slowest subtask's upload so far (s), and the bytes uploaded by all
     max_s: float = 0.0
     bytes: int = 0
@@ -149,9 +151,9 @@ class MaterializationSchedule:
 
     A materialization runs on a thread of the Python worker that started it;
     Spark stops workers that stay idle (about a minute without tasks), which
-    takes the upload along (:data:`MAT_PROCESS_EXITED`), and may run the
+    takes the upload along (``MatFailure.PROCESS_EXITED``), and may run the
     subtask's next task on another node, whose store is not materializing the
-    round (:data:`MAT_NOT_HERE`). After a round failed either way, the next
+    round (``MatFailure.NOT_HERE``). After a round failed either way, the next
     rounds' tasks wait for their own upload (up to ``timeout_s``: the batch
     holds, as a synchronous materialization would) until one completes, so
     slow triggers, large state and subtasks that change nodes still
@@ -168,7 +170,7 @@ class MaterializationSchedule:
         #: the last round that ended (its figures)
         self.last_round: MatRound | None = None
         self.last_errors: list[str] = []
-        #: the last round failed because an upload was lost (:data:`MAT_LOST`): tasks wait
+        #: the last round failed because an upload was lost (``MatFailure.lost``): tasks wait
         self.synchronous = False
 
     def wait_s(self, configured_s: float, timeout_s: float) -> float:
@@ -208,7 +210,8 @@ class MaterializationSchedule:
         elif r is not None and now - r.started > timeout_s:
             missing = sorted(r.pending)
             self._end(
-                [*r.errors, f"subtasks {missing}: not finished {timeout_s:g}s after it started"]
+                [*r.errors, f"subtasks {missing}: not finished {timeout_s:g}s after it started"],
+                r.lost,
             )
         if latest_batch is not None and self.due(interval_s, tail_due):
             self.round = MatRound(
@@ -237,7 +240,7 @@ class MaterializationSchedule:
                 and res.index in r.pending
             )
             if not takes and (res.mat is not None or res.mat_error):
-                res = replace(res, mat=None, mat_error="", mat_batch=NO_BATCH)
+                res = replace(res, mat=None, mat_error="", mat_failure=None, mat_batch=NO_BATCH)
             out.append(res)
         return out
 
@@ -257,20 +260,21 @@ class MaterializationSchedule:
         for res in results:
             if res.mat_error:
                 r.errors.append(f"subtask {res.index}: {res.mat_error}")
+                if res.mat_failure is not None and res.mat_failure.lost:
+                    r.lost.append(r.errors[-1])
             if res.mat is not None or res.mat_error:
                 r.pending.discard(res.index)
                 r.max_s = max(r.max_s, res.stats.mat_s)
                 r.bytes += res.stats.mat_bytes
         if r.pending:
             return None
-        return self._end(r.errors)
+        return self._end(r.errors, r.lost)
 
-    def _end(self, errors: list[str]) -> bool:
+    def _end(self, errors: list[str], lost: list[str]) -> bool:
         self.last_round, self.round = self.round, None
         if errors:
             self.failures += 1
             self.last_errors = errors
-            lost = [e for e in errors if any(reason in e for reason in MAT_LOST)]
             if lost and not self.synchronous:
                 self.synchronous = True
                 log.warning(

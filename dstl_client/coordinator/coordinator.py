@@ -53,12 +53,7 @@ from dstl_client.coordinator.batches import (
 )
 from dstl_client.coordinator.cleanup import OrphanSweeper
 from dstl_client.coordinator.config import CheckpointSettings, CoordinatorConfig
-from dstl_client.coordinator.lifecycle import (
-    DisposeResult,
-    RestoreResult,
-    dispose_operator,
-    restore_on_start,
-)
+from dstl_client.coordinator.lifecycle import DisposeResult, dispose_operator
 from dstl_client.coordinator.metadata import MetadataStore
 from dstl_client.coordinator.metrics import CoordinatorMetrics
 from dstl_client.coordinator.overrides import (
@@ -72,7 +67,9 @@ from dstl_client.coordinator.overrides import (
 )
 from dstl_client.coordinator.registry import SharedStateRegistry
 from dstl_client.coordinator.retention import RetainedCheckpoints, Sweeper, SweeperFactory
-from dstl_client.coordinator.state_schemas import OperatorSchemas, adopt
+from dstl_client.coordinator.rollback import RestoreResult, restore_on_start
+from dstl_client.coordinator.schema_evolution import adopt
+from dstl_client.coordinator.state_schemas import OperatorSchemas
 from dstl_client.coordinator.storage import CheckpointStorage
 from dstl_client.coordinator.watchdog import CheckpointWatchdog
 from dstl_client.core.errors import ConfigError

@@ -27,8 +27,8 @@ from dstl_client.processor.states import ListState, MapState, StateVariable, Val
 from dstl_client.processor.timers import TimerService
 from dstl_client.processor.times import BatchTimes
 from dstl_client.processor.ttl import TtlIndex
-from dstl_client.state.backend import KeyedStateBackend
 from dstl_client.state.changes import map_prefix_of, prefix_end
+from dstl_client.state.keyed_backend import KeyedBackend
 from dstl_client.state.serializers import encode_varint
 
 Emit = Callable[[Any], None]
@@ -55,7 +55,7 @@ class ProcessorRuntime:
 
     def __init__(
         self,
-        backend: KeyedStateBackend,
+        backend: KeyedBackend,
         *,
         time_mode: str,
         times: BatchTimes,
@@ -76,7 +76,7 @@ class ProcessorRuntime:
 
     # ---------------------------------------------------------- StateScope
     @property
-    def backend(self) -> KeyedStateBackend:
+    def backend(self) -> KeyedBackend:
         return self._backend
 
     @property

@@ -27,15 +27,15 @@ from dstl_client.core.errors import InvalidArgument
 from dstl_client.processor.codec import RowCodec
 from dstl_client.processor.layout import stamp, unstamp
 from dstl_client.processor.ttl import TtlIndex
-from dstl_client.state.backend import KeyedStateBackend
 from dstl_client.state.changes import encode_element, iter_elements, map_prefix, state_prefix
+from dstl_client.state.keyed_backend import KeyedBackend
 
 
 class StateScope(Protocol):
     """What a state variable needs of the task's runtime."""
 
     @property
-    def backend(self) -> KeyedStateBackend: ...
+    def backend(self) -> KeyedBackend: ...
 
     @property
     def ttl_index(self) -> TtlIndex: ...

@@ -25,8 +25,8 @@ from dstl_client.processor.layout import (
     encode_ms,
     index_bound,
 )
-from dstl_client.state.backend import KeyedStateBackend
 from dstl_client.state.changes import map_prefix
+from dstl_client.state.keyed_backend import KeyedBackend
 
 
 class TimerService:
@@ -37,7 +37,7 @@ class TimerService:
 
     __slots__ = ("_backend",)
 
-    def __init__(self, backend: KeyedStateBackend) -> None:
+    def __init__(self, backend: KeyedBackend) -> None:
         self._backend = backend
 
     def _key_prefix(self) -> bytes:

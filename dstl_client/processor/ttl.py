@@ -26,7 +26,7 @@ from dstl_client.processor.layout import (
     encode_ttl_entry,
     index_bound,
 )
-from dstl_client.state.backend import KeyedStateBackend
+from dstl_client.state.keyed_backend import KeyedBackend
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ class TtlIndex:
 
     __slots__ = ("_backend",)
 
-    def __init__(self, backend: KeyedStateBackend) -> None:
+    def __init__(self, backend: KeyedBackend) -> None:
         self._backend = backend
 
     def _row(self, expiry_ms: int, name: bytes, user_key: bytes) -> bytes:

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 from dstl_client.core.errors import InvalidArgument
-from dstl_client.state.backend import KeyedStateBackend
 from dstl_client.state.changes import encode_element, iter_elements, map_prefix, state_prefix
+from dstl_client.state.keyed_backend import KeyedBackend
 from dstl_client.state.operator_state import OperatorListState, OperatorStates
 from dstl_client.state.serializers import Serializer
 
@@ -34,7 +34,7 @@ K = TypeVar("K")
 class _State:
     __slots__ = ("_backend", "_name")
 
-    def __init__(self, backend: KeyedStateBackend, name: str) -> None:
+    def __init__(self, backend: KeyedBackend, name: str) -> None:
         self._backend = backend
         self._name = name.encode("utf-8")
 
@@ -47,7 +47,7 @@ class ValueState(_State, Generic[V]):
 
     __slots__ = ("_ser",)
 
-    def __init__(self, backend: KeyedStateBackend, name: str, serializer: Serializer[V]) -> None:
+    def __init__(self, backend: KeyedBackend, name: str, serializer: Serializer[V]) -> None:
         super().__init__(backend, name)
         self._ser = serializer
 
@@ -72,7 +72,7 @@ class ListState(_State, Generic[V]):
 
     __slots__ = ("_ser",)
 
-    def __init__(self, backend: KeyedStateBackend, name: str, serializer: Serializer[V]) -> None:
+    def __init__(self, backend: KeyedBackend, name: str, serializer: Serializer[V]) -> None:
         super().__init__(backend, name)
         self._ser = serializer
 
@@ -110,7 +110,7 @@ class MapState(_State, Generic[K, V]):
 
     def __init__(
         self,
-        backend: KeyedStateBackend,
+        backend: KeyedBackend,
         name: str,
         key_serializer: Serializer[K],
         value_serializer: Serializer[V],
@@ -171,7 +171,7 @@ class ReducingState(_State, Generic[V]):
 
     def __init__(
         self,
-        backend: KeyedStateBackend,
+        backend: KeyedBackend,
         name: str,
         reduce_fn: Callable[[V, V], V],
         serializer: Serializer[V],
@@ -203,7 +203,7 @@ class KeyedContext:
 
     def __init__(
         self,
-        backend: KeyedStateBackend,
+        backend: KeyedBackend,
         batch_id: int = -1,
         operator_states: OperatorStates | None = None,
     ) -> None:

@@ -31,6 +31,7 @@ from dstl_client.state.changes import (
     encode_put,
     map_prefix_of,
 )
+from dstl_client.state.keyed_backend import KeyedBackend
 from dstl_client.state.store import LocalKeyedStore
 
 #: changes buffered before they are handed to the writer
@@ -314,3 +315,7 @@ class ChangelogStateBackend(KeyedStateBackend):
         """Hand buffered changes to the writer (they are not durable yet)."""
         if self._log or self._hand_over_failed is not None:
             self._hand_over()
+
+
+#: mypy checks that the keyed backend implements what the state classes call
+_IMPLEMENTS: type[KeyedBackend] = KeyedStateBackend

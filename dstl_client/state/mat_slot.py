@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dstl_client.checkpoint.messages import MatResult
+from dstl_client.checkpoint.messages import MatFailure, MatResult
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,15 @@ FAILED = "failed"
 
 @dataclass(frozen=True, slots=True)
 class MatOutcome:
-    """The end of one materialization of version ``batch``: its result or its error, and figures."""
+    """The end of one materialization of version ``batch``: its result or its error, and figures.
+
+    Invariant: ``failure`` (the kind) is set exactly when ``error`` (the words) is.
+    """
 
     batch: int = -1
     result: MatResult | None = None
     error: str = ""
+    failure: MatFailure | None = None
     seconds: float = 0.0
     bytes: int = 0
     kgs: int = 0
@@ -62,6 +66,7 @@ class MatOutcome:
             "batch": self.batch,
             "result": None if self.result is None else self.result.to_json(),
             "error": self.error,
+            "failure": None if self.failure is None else self.failure.value,
             "seconds": self.seconds,
             "bytes": self.bytes,
             "kgs": self.kgs,
@@ -75,6 +80,7 @@ class MatOutcome:
             batch=int(doc["batch"]),
             result=None if r is None else MatResult.from_json(r),
             error=str(doc.get("error") or ""),
+            failure=MatFailure.of(doc.get("failure"), str(doc.get("error") or "")),
             seconds=float(doc.get("seconds") or 0.0),
             bytes=int(doc.get("bytes") or 0),
             kgs=int(doc.get("kgs") or 0),

@@ -25,6 +25,7 @@ from dstl_client.checkpoint.messages import (
     MAT_NOT_HERE,
     MAT_PROCESS_EXITED,
     BatchPlan,
+    MatFailure,
     MatResult,
 )
 from dstl_client.checkpoint.records import NO_BATCH
@@ -149,6 +150,7 @@ class Materializer:
             batch=self.version,
             result=result,
             error=error,
+            failure=MatFailure.ERROR if error else None,
             seconds=round(time.perf_counter() - t0, 4),
             bytes=0 if part is None else part.stored_bytes,
             kgs=len(uploaded),
@@ -240,6 +242,7 @@ class TaskMaterialization:
                     batch=wanted,
                     error=f"the materialization of batch {record.batch} of another round "
                     "still runs in this store",
+                    failure=MatFailure.BUSY,
                 )
             return
         try:
@@ -252,6 +255,7 @@ class TaskMaterialization:
                     self.report = MatOutcome(
                         batch=record.batch,
                         error=MAT_PROCESS_EXITED,
+                        failure=MatFailure.PROCESS_EXITED,
                     )
                 else:
                     self.report = record.outcome
@@ -264,7 +268,7 @@ class TaskMaterialization:
                 try:
                     reader = open_reader()
                 except sqlite3.Error as exc:
-                    self.report = MatOutcome(batch=wanted, error=f"could not start: {exc}")
+                    self.report = _not_started(wanted, exc)
                     return
                 materializer = Materializer(
                     plan, self.index, self.kg_range, self.client, reader, wanted, self.slot, claim
@@ -273,7 +277,7 @@ class TaskMaterialization:
                 try:
                     materializer.start()
                 except (OSError, RuntimeError) as exc:
-                    self.report = MatOutcome(batch=wanted, error=f"could not start: {exc}")
+                    self.report = _not_started(wanted, exc)
                     return
                 self._materializer = materializer
                 return
@@ -281,7 +285,12 @@ class TaskMaterialization:
                 batch=wanted,
                 error=f"{MAT_NOT_HERE} (batch {wanted}): it started on another node, "
                 "or the store was rebuilt since",
+                failure=MatFailure.NOT_HERE,
             )
         finally:
             if claim is not None:
                 claim.release()
+
+
+def _not_started(batch: int, exc: BaseException) -> MatOutcome:
+    return MatOutcome(batch=batch, error=f"could not start: {exc}", failure=MatFailure.NOT_STARTED)

@@ -59,6 +59,7 @@ from dstl_client.state.operator_state import OperatorStates
 from dstl_client.state.restore import restore_subtask
 from dstl_client.state.store import NO_VERSION, LocalKeyedStore
 from dstl_client.state.store_dirs import store_dir
+from dstl_client.state.subtask_status import SubtaskStatus, SubtaskSteps, step
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ class Subtask:
     Invariants: the store is locked from :meth:`open` to :meth:`close`; the
     batch is committed locally only after its changes are durable at the
     sidecar; a writer that failed, or whose calls' outcome is unknown, is
-    never used again (its log is abandoned on close). Thread: the task's
+    never used again (its log is abandoned on close); ``steps.status`` says
+    where the attempt is (:mod:`.subtask_status`). Thread: the task's
     thread only (a materialization uploads on its own thread, which may
     outlive the task, see :class:`~dstl_client.state.materialize.Materializer`).
     """
@@ -96,6 +98,7 @@ class Subtask:
         self.context: KeyedContext | None = None
         self._operator_states: OperatorStates | None = None
         self.start_sqn = 0
+        self.steps = SubtaskSteps()
 
     # --------------------------------------------------------------- open
     @property
@@ -110,6 +113,7 @@ class Subtask:
             raise RuntimeError("subtask is not open")
         return self._backend
 
+    @step("open", SubtaskStatus.NEW, SubtaskStatus.OPEN)
     def open(self) -> KeyedContext:
         """Prepare the store (merge, drop or restore), materialize if asked, start logging."""
         plan = self.plan
@@ -259,6 +263,7 @@ class Subtask:
         store.commit()
 
     # ------------------------------------------------------------- finish
+    @step("finish", SubtaskStatus.OPEN, SubtaskStatus.COMMITTED)
     def finish(self) -> TaskResult:
         """Persist the batch's changes, then commit it locally; the task's result."""
         backend = self.backend
@@ -268,6 +273,7 @@ class Subtask:
         t0 = time.perf_counter()
         backend.flush_log()
         handle = writer.persist_durably(after=self.start_sqn).result(timeout=plan.persist_timeout_s)
+        self.steps.reached(SubtaskStatus.PERSISTED)
         op_state = (
             None if self._operator_states is None else self._operator_states.write_if_needed()
         )
@@ -305,6 +311,7 @@ class Subtask:
             changelog=None if handle.is_empty() else handle,
             mat=mat.result,
             mat_error=mat.error,
+            mat_failure=mat.failure,
             mat_batch=mat.batch,
             stats=self.stats,
             log_id=writer.log_id,
@@ -328,6 +335,8 @@ class Subtask:
         :meth:`_abandon_writer`); the exception goes on to fail the task.
         """
         writer = self._writer
+        if error is not None:
+            self.steps.fail()
         if (
             error is not None
             and writer is not None

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dstl_client.coordinator.state_schemas import StateSchemaMismatch
+from dstl_client.coordinator.schema_evolution import StateSchemaMismatch
 from dstl_client.coordinator.storage import CheckpointMissing
 from dstl_client.core.errors import ConfigError
 from dstl_client.keygroups import key_group_for_key

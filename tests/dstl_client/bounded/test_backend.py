@@ -3,8 +3,6 @@ keyed (SQLite) backend."""
 
 from __future__ import annotations
 
-import ast
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +13,6 @@ from hypothesis import strategies as st
 from dstl_client.bounded import KeyOrderError, SingleKeyBackend, as_keyed_backend
 from dstl_client.core.errors import InvalidArgument
 from dstl_client.keygroups import KeyGroupRange
-from dstl_client.processor import runtime, states, timers, ttl
-from dstl_client.state import api
 from dstl_client.state.api import KeyedContext
 from dstl_client.state.backend import KeyedStateBackend
 from dstl_client.state.serializers import INT64, JSON, STR
@@ -134,39 +130,6 @@ def test_scans_and_map_members_see_the_current_key_only() -> None:
     backend.flush_log()
     backend.start_key(2)
     assert backend.scan_range(0, b"", None) == []
-
-
-def _backend_uses() -> set[str]:
-    """Attributes the state classes, timers, TTL index and processor runtime use of a backend."""
-    names: set[str] = set()
-    for module in (api, states, timers, ttl, runtime):
-        tree = ast.parse(inspect.getsource(module))
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Attribute):
-                continue
-            owner = node.value
-            via_attribute = isinstance(owner, ast.Attribute) and owner.attr in (
-                "_backend",
-                "backend",
-            )
-            via_name = isinstance(owner, ast.Name) and owner.id == "backend"
-            if via_attribute or via_name:
-                names.add(node.attr)
-    return names
-
-
-def test_the_single_key_backend_has_every_method_the_state_classes_call() -> None:
-    """Duck typing kept honest: a new backend call in the state classes fails here first."""
-    used = _backend_uses()
-    assert {"get", "put", "map_put", "iter_map", "scan_range", "current_key_bytes"} <= used
-    backend = SingleKeyBackend()
-    missing = sorted(n for n in used if not hasattr(backend, n))
-    assert not missing, f"SingleKeyBackend lacks {missing} (the state classes call them)"
-    # and they exist on the keyed backend too (the names are real backend methods)
-    assert all(hasattr(KeyedStateBackend, n) or n in _INSTANCE_ATTRS for n in used)
-
-
-_INSTANCE_ATTRS = {"current_key", "current_key_bytes", "current_kg", "kg_range", "changes"}
 
 
 # ------------------------------------------------------------ parity, property-based

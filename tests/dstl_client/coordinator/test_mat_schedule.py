@@ -10,6 +10,7 @@ from dstl_client.checkpoint.messages import (
     MAT_NOT_HERE,
     MAT_PROCESS_EXITED,
     BatchPlan,
+    MatFailure,
     MatResult,
     TaskResult,
 )
@@ -51,8 +52,14 @@ def plan(
     )
 
 
+#: the kind of failure a task reports with the words of each (the driver reads the kind)
+KINDS = {MAT_PROCESS_EXITED: MatFailure.PROCESS_EXITED, MAT_NOT_HERE: MatFailure.NOT_HERE}
+
+
 def result(batch: int, i: int, p: int, mat_batch: int = NO_BATCH, error: str = "") -> TaskResult:
     rng = key_group_range_for_operator(i, p, MAX_P)
+    words = error.split(" (batch")[0]
+    failure = KINDS.get(words, MatFailure.ERROR) if error else None
     mat = None
     if mat_batch != NO_BATCH and not error:
         mat = MatResult(mat_batch, None, (), tuple(range(rng.first, rng.last + 1)))
@@ -65,6 +72,7 @@ def result(batch: int, i: int, p: int, mat_batch: int = NO_BATCH, error: str = "
         changelog=None,
         mat=mat,
         mat_error=error,
+        mat_failure=failure,
         mat_batch=mat_batch,
     )
 

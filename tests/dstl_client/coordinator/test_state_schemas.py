@@ -10,14 +10,16 @@ import pytest
 
 from dstl_client.checkpoint.records import CheckpointRecord, SubtaskInfo
 from dstl_client.coordinator.metadata import CorruptMetadata, FileMetadataStore
-from dstl_client.coordinator.state_schemas import (
-    OperatorSchemas,
-    StateSchema,
+from dstl_client.coordinator.schema_evolution import (
     StateSchemaMismatch,
     adopt,
     incompatibilities,
-    load_schemas,
     merged,
+)
+from dstl_client.coordinator.state_schemas import (
+    OperatorSchemas,
+    StateSchema,
+    load_schemas,
     schema_name,
     write_schemas,
 )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dstl_client.coordinator.lifecycle import roll_back_spark
+from dstl_client.coordinator.spark_rollback import roll_back_spark
 from dstl_client.core.errors import ConfigError
 
 

@@ -13,7 +13,7 @@ from dstl_client.client import ChangelogClient
 from dstl_client.coordinator.storage import CheckpointMissing, CheckpointStorage
 from dstl_client.core.errors import ConfigError, InvalidArgument
 from dstl_client.keygroups import key_group_for_key
-from dstl_client.spark import state_reader
+from dstl_client.spark import state_rows
 from dstl_client.spark.state_reader import (
     StateRow,
     StateSpec,
@@ -115,7 +115,7 @@ def test_without_serializers_rows_are_the_stored_bytes(
     job: Path, client: ChangelogClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # several scratch stores, one after the other (the bound on their disk use)
-    monkeypatch.setattr(state_reader, "RESTORE_KEY_GROUPS", 5)
+    monkeypatch.setattr(state_rows, "RESTORE_KEY_GROUPS", 5)
     rows = list(iter_state_rows(checkpoint_dir=str(job), client=client))
     storage = CheckpointStorage(job / "dstl" / "checkpoints")
     want = checkpoint_rows(storage.load(3), client)

@@ -25,7 +25,10 @@ from dstl_client.state.changes import (
     encode_list_append,
     encode_put,
 )
-from dstl_client.state.restore import _KgRows, _KgTail, restore_range
+from dstl_client.state.restore import restore_range
+from dstl_client.state.restore_rows import KgRows as _KgRows
+from dstl_client.state.restore_rows import KgTail as _KgTail
+from dstl_client.state.restore_rows import decode_part_rows
 from dstl_client.state.store import LocalKeyedStore, read_all_rows
 from dstl_server.testing import ServerProcess
 from tests.dstl_client.state._jobs import (
@@ -160,8 +163,8 @@ def test_long_keys_and_corrupt_payloads() -> None:
     with pytest.raises(CorruptObject):
         rows.apply(ChangesetView(0, 1, 1, bad.sizes, bad.payload + b"x"))
     with pytest.raises(CorruptObject):
-        restore_mod._part_rows(0, _view([encode_delete(b"a")]), "p")
-    assert restore_mod._part_rows(0, _view([encode_put(long_key, b"v")]), "p") == [(long_key, b"v")]
+        decode_part_rows(0, _view([encode_delete(b"a")]), "p")
+    assert decode_part_rows(0, _view([encode_put(long_key, b"v")]), "p") == [(long_key, b"v")]
 
 
 _keys = st.sampled_from(
