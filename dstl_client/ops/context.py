@@ -184,7 +184,7 @@ class JobContext:
         except CheckpointMissing:
             pass
         if self.checkpoint_dir:
-            from dstl_client.spark.options import default_job_id
+            from dstl_client.batch.options import default_job_id
 
             return default_job_id(self.checkpoint_dir)
         raise ConfigError("no records to take the job id from: give --job-id")
