@@ -157,7 +157,7 @@ class ProcessorChainQuery(ChainQuery, ProcessorQuery):
     """A running chain of processor stages: one Spark query, a coordinator per stage.
 
     Its progress carries the first stage's figures (``"dstl"``); threads as
-    :class:`~dstl_client.spark.chain.ChainQuery`.
+    :class:`~dstl_client.batch.query.ChainQuery`.
     """
 
 

@@ -1,6 +1,6 @@
 """The executor side of a processor query: one partition of one batch (``mapInArrow``).
 
-Rows arrive routed by key group (as for :mod:`dstl_client.spark.task`), with
+Rows arrive routed by key group (:mod:`dstl_client.batch.routing`), with
 one marker row per partition and, in the first batch, the initial state rows
 (in :data:`INIT_COLUMN`). The task drops late rows (or counts them through),
 groups the rest by key into pandas DataFrames (``transformWithStateInPandas``
