@@ -31,7 +31,7 @@ def test_every_job_option_has_a_meaning() -> None:
         import gen_docs
     finally:
         sys.path.remove(str(ROOT / "tools"))
-    from dstl_client.spark.options import KeyedOptions
+    from dstl_client.batch.options import KeyedOptions
 
     docs = gen_docs.field_docs(KeyedOptions)
     undocumented = sorted(

@@ -32,8 +32,6 @@ EXCEPTIONS: dict[str, str] = {
     "dstl_server/uploads.py": _PENDING,
     "dstl_server/settings.py": _PENDING,
     "dstl_client/writer.py": _PENDING,
-    "dstl_client/spark/keyed.py": _PENDING,
-    "dstl_client/processor/transform.py": _PENDING,
     "dstl_client/coordinator/rest.py": _PENDING,
     "dstl_client/coordinator/coordinator.py": _PENDING,
     "dstl_client/coordinator/metadata.py": _PENDING,

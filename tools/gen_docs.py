@@ -80,8 +80,8 @@ def job_options_table() -> str:
     import dataclasses
     import typing
 
+    from dstl_client.batch.options import KeyedOptions
     from dstl_client.processor.conf import PREFIX, settable_from_conf
-    from dstl_client.spark.options import KeyedOptions
 
     docs = field_docs(KeyedOptions)
     hints = typing.get_type_hints(KeyedOptions)

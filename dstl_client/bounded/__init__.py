@@ -20,9 +20,12 @@ when the key ends; timers fire at the end of each key.
 The Spark parts import PySpark only when called.
 """
 
-from typing import TYPE_CHECKING, Any
-
+# The processor package first, whole: its ``transform_with_state`` dispatches a
+# bounded input into this package (the one upward edge, named in the import
+# contract), so it must be initialized before this package's modules import it.
+import dstl_client.processor  # noqa: F401
 from dstl_client.bounded.backend import KeyOrderError, SingleKeyBackend, as_keyed_backend
+from dstl_client.bounded.dataframe import process_bounded, sorted_mode
 from dstl_client.bounded.runner import (
     SortedKeyedRunner,
     SortedProcessorRunner,
@@ -30,10 +33,6 @@ from dstl_client.bounded.runner import (
     run_sorted,
     run_sorted_processor,
 )
-
-if TYPE_CHECKING:
-    from dstl_client.bounded.dataframe import process_bounded as process_bounded
-    from dstl_client.bounded.dataframe import sorted_mode as sorted_mode
 
 __all__ = [
     "KeyOrderError",
@@ -47,13 +46,3 @@ __all__ = [
     "run_sorted_processor",
     "sorted_mode",
 ]
-
-_DATAFRAME = ("process_bounded", "sorted_mode")
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _DATAFRAME:
-        raise AttributeError(name)
-    from dstl_client.bounded import dataframe
-
-    return getattr(dataframe, name)

@@ -38,21 +38,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dstl_client.batch.columns import RESULT_COLUMNS
+from dstl_client.batch.inputs import check_reserved, grouping, key_kind
+from dstl_client.batch.options import KeyedOptions
+from dstl_client.batch.routing import keyed_schemas
 from dstl_client.bounded.runner import BOUNDED_BATCH_ID
 from dstl_client.bounded.task import BoundedTaskSpec, bounded_task
 from dstl_client.core.errors import ConfigError
 from dstl_client.extras import require_spark
+from dstl_client.processor.arguments import initial_rows, time_mode_arg
+from dstl_client.processor.declarations import check_processor
 from dstl_client.processor.task import INIT_COLUMN
-from dstl_client.processor.transform import (
-    _check_processor,
-    _grouping,
-    _initial,
-    _key_kind,
-    _time_mode,
-)
-from dstl_client.spark.keyed import keyed_schemas
-from dstl_client.spark.options import KeyedOptions
-from dstl_client.spark.task import RESERVED_COLUMNS, RESULT_COLUMNS
 from dstl_client.state.subtask import KeyedFunction
 
 #: ``execution_mode`` values: from ``df.isStreaming``, or forced
@@ -157,18 +153,16 @@ def process_bounded(
 
     if (fn is None) == (processor is None):
         raise ConfigError("give exactly one of fn=... and processor=...")
-    df, key = _grouping(data, key)
+    df, key = grouping(data, key)
     if df.isStreaming:
         raise ConfigError(
             "process_bounded needs a bounded DataFrame: a stream never ends, so it cannot "
             "be sorted (use process_keyed or transform_with_state)"
         )
     n_parts = _parallelism(parallelism, config, options)
-    kind = _key_kind(df, key)
-    for reserved in (*RESERVED_COLUMNS, INIT_COLUMN):
-        if reserved in df.columns:
-            raise ConfigError(f"column name {reserved!r} is reserved")
-    mode = _time_mode(time_mode)
+    kind = key_kind(df, key)
+    check_reserved(df.columns, (INIT_COLUMN,))
+    mode = time_mode_arg(time_mode)
     sort_columns = [*([event_time_column] if event_time_column else []), *order_by]
     for column in sort_columns:
         if column not in df.columns:
@@ -183,8 +177,8 @@ def process_bounded(
     init_first: list[Any] = []
     initial_columns = None
     if processor is not None:
-        _check_processor(processor, mode)
-        initial_df, initial_columns, init_type = _initial(initial_state, key, df)
+        check_processor(processor, mode)
+        initial_df, initial_columns, init_type = initial_rows(initial_state, key, df)
         if initial_df is not None:
             rows = rows.withColumn(INIT_COLUMN, F.lit(None).cast(init_type)).unionByName(
                 initial_df.where(F.col(key).isNotNull()), allowMissingColumns=True

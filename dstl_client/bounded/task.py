@@ -18,19 +18,15 @@ Runs on a Spark task thread of a Python worker.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from dstl_client.batch.columns import output_batch, user_arrow_fields
 from dstl_client.bounded.runner import SortedKeyedRunner, SortedProcessorRunner
-from dstl_client.processor.runner import KEY_DECODERS, ProcessorTask
-from dstl_client.processor.task import (
-    INIT_COLUMN,
-    ProcessorTaskSpec,
-    _output_batches,
-    _to_pandas,
-)
-from dstl_client.spark.task import output_batch, user_arrow_fields
+from dstl_client.processor.frames import output_batches, to_pandas
+from dstl_client.processor.task import INIT_COLUMN
 from dstl_client.state.subtask import KeyedFunction
 
 #: output rows (``fn``) or output items (processor) buffered before an Arrow batch leaves
@@ -205,7 +201,7 @@ def _initial_items(spec: BoundedTaskSpec, pieces: list[_Piece]) -> list[Any]:
     struct = pa.concat_arrays([s.column(INIT_COLUMN) for s in slices])
     init = pa.Table.from_arrays(struct.flatten(), names=list(spec.initial_columns))
     if spec.use_pandas:
-        return [_to_pandas(init, spec.timezone)]
+        return [to_pandas(init, spec.timezone)]
     from pyspark.sql import Row
 
     make = Row(*init.column_names)
@@ -220,14 +216,9 @@ def _processor_task(
 
     assert spec.processor is not None
     columns = list(spec.columns)
-    # the streaming task's output conversion, reused (it reads use_pandas and timezone)
-    conversion = ProcessorTaskSpec(
-        processor=b"",
-        key=spec.key,
-        columns=spec.columns,
-        how=ProcessorTask(time_mode=spec.time_mode, key_of=KEY_DECODERS[spec.key_kind]),
-        use_pandas=spec.use_pandas,
-        timezone=spec.timezone,
+    # the streaming task's output conversion, reused
+    convert_out = functools.partial(
+        output_batches, use_pandas=spec.use_pandas, timezone=spec.timezone
     )
     outputs: list[Any] = []
     emit = outputs.append if user_arrow_fields(out_schema) else None
@@ -241,7 +232,7 @@ def _processor_task(
     if spec.use_pandas:
 
         def convert(rb: Any) -> Any:
-            return _to_pandas(rb.select(columns), spec.timezone)
+            return to_pandas(rb.select(columns), spec.timezone)
 
         def rows_of(pieces: list[_Piece]) -> Iterator[Any]:
             return iter(
@@ -271,11 +262,11 @@ def _processor_task(
         initial = _initial_items(spec, pieces) if init_counts is not None else []
         runner.process(k, rows_of(pieces) if has_input else None, initial)
         if len(outputs) >= OUT_BATCH_ITEMS:
-            yield from _output_batches(conversion, outputs, out_schema)
+            yield from convert_out(outputs, out_schema)
             outputs.clear()
     runner.close()
     if outputs:
-        yield from _output_batches(conversion, outputs, out_schema)
+        yield from convert_out(outputs, out_schema)
 
 
 def bounded_task(spec: BoundedTaskSpec, out_schema: Any, batches: Iterator[Any]) -> Iterator[Any]:

@@ -3,7 +3,7 @@
 :class:`CheckpointSettings` holds every tunable with its default;
 :class:`CoordinatorConfig` adds what identifies one operator's checkpoints
 (job id, checkpoint directory) and the Spark integration's
-:class:`~dstl_client.spark.options.KeyedOptions` adds the query's own options:
+:class:`~dstl_client.batch.options.KeyedOptions` adds the query's own options:
 both inherit the defaults instead of repeating them.
 
 The job's checkpoint metadata is a :class:`~.metadata.MetadataStore` at

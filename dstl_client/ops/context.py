@@ -6,7 +6,7 @@ Where the metadata is comes from ``--metadata-url``, else from
 ``<checkpoint_dir>/dstl``, ``s3a://b/ck`` read as ``s3://b/ck/dstl``). The
 job id is ``--job-id``, else the one in the records, else the one the
 driver derives from ``--checkpoint-dir``
-(:func:`~dstl_client.spark.options.default_job_id`). Nothing is opened before a
+(:func:`~dstl_client.batch.options.default_job_id`). Nothing is opened before a
 command asks for it: ``dstl config`` with ``--job-id`` never touches the metadata.
 The sidecar's token is read from ``--token-file``, else ``$DSTL_TOKEN``
 (:mod:`dstl_client.ops.tokens`), never from a flag.
@@ -190,7 +190,7 @@ class JobContext:
         except CheckpointMissing:
             pass
         if self.checkpoint_dir:
-            from dstl_client.spark.options import default_job_id
+            from dstl_client.batch.options import default_job_id
 
             return default_job_id(self.checkpoint_dir)
         raise ConfigError("no records to take the job id from: give --job-id")

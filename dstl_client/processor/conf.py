@@ -1,6 +1,6 @@
 """Query options from Spark's configuration: ``spark.dstl.<option>`` keys.
 
-Every :class:`~dstl_client.spark.options.KeyedOptions` field can be set in
+Every :class:`~dstl_client.batch.options.KeyedOptions` field can be set in
 ``spark-defaults.conf``, with ``--conf`` or ``spark.conf.set``, in camelCase
 or as spelt in Python::
 
@@ -26,8 +26,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from dstl_client.batch.options import KeyedOptions
 from dstl_client.core.errors import ConfigError
-from dstl_client.spark.options import KeyedOptions
 
 log = logging.getLogger(__name__)
 

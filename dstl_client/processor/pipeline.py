@@ -26,7 +26,7 @@ what Spark's chaining offers, on each micro-batch's output rows::
   only ever sees one batch (Spark would keep state across batches).
 * **A stateful stage**: ``transform_with_state(output.groupBy(key), ...)``
   (or ``output`` with ``key=``), one more keyed operator of the same query
-  (:func:`~dstl_client.spark.chain.run_chain`: its own state, records and
+  (:func:`~dstl_client.batch.cycle.run_chain`: its own state, records and
   parallelism; exactly-once across the chain). Its event time is the column
   the stage before named in ``output_event_time_column`` (Spark's
   ``eventTimeColumnName``); the watermark is the query's (Spark's rule: one

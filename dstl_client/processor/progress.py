@@ -1,6 +1,6 @@
 """A running processor query, with its per-batch figures in Spark's query progress.
 
-:class:`ProcessorQuery` is a :class:`~dstl_client.spark.query.DstlQuery`
+:class:`ProcessorQuery` is a :class:`~dstl_client.batch.query.DstlQuery`
 that keeps one :class:`~.stats.BatchFigures` per batch (checkpoint duration,
 bytes persisted, state rows and bytes, timers fired, TTL evictions, late rows
 dropped, watermark). ``lastProgress`` and ``recentProgress`` are Spark's
@@ -18,9 +18,9 @@ import logging
 import threading
 from typing import Any
 
+from dstl_client.batch.query import DstlQuery
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.processor.stats import BatchFigures
-from dstl_client.spark.query import DstlQuery
 
 log = logging.getLogger(__name__)
 

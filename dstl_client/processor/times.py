@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dstl_client.batch.query import source_progress
 from dstl_client.core.errors import DstlError, InvalidArgument
 from dstl_client.processor.api import TimerValues
-from dstl_client.spark.query import source_progress
 
 NO_TIME = -1
 

@@ -1,10 +1,11 @@
 """PySpark integration: keyed stateful processing of streaming DataFrames on the DSTL.
 
-:mod:`.keyed` (``process_keyed``, the driver's batch function), :mod:`.chain`
-(``process_chain``: keyed operators chained in one query), :mod:`.options`
-(``KeyedOptions``), :mod:`.task` (the executor side), :mod:`.query` (``DstlQuery``),
-:mod:`.state_reader` (``read_state``: a retained checkpoint's state as a DataFrame;
-imported on first use, as it loads ``pyspark``).
+:mod:`.keyed` (``process_keyed``), :mod:`.chain` (``process_chain``: keyed
+operators chained in one query), :mod:`.task` (the executor side of
+``fn(key, rows, ctx)``), :mod:`.state_reader` (``read_state``: a retained
+checkpoint's state as a DataFrame; imported on first use, as it loads
+``pyspark``). ``KeyedOptions``, ``DstlQuery`` and ``ChainQuery`` are
+:mod:`dstl_client.batch`'s (the batch cycle every API shares), re-exported here.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from dstl_client.spark.chain import ChainQuery, KeyedStage, process_chain
+from dstl_client.batch.options import KeyedOptions, default_job_id
+from dstl_client.batch.query import ChainQuery, DstlQuery
+from dstl_client.spark.chain import KeyedStage, process_chain
 from dstl_client.spark.keyed import process_keyed
-from dstl_client.spark.options import KeyedOptions, default_job_id
-from dstl_client.spark.query import DstlQuery
 
 if TYPE_CHECKING:
     from dstl_client.spark.state_reader import StateRow as StateRow

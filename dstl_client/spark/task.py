@@ -4,8 +4,8 @@ Rows arrive routed by key group (``repartitionById``) plus one marker row per
 partition, so every subtask runs even without data. The partition's rows are
 grouped by key, run through :func:`~dstl_client.state.subtask.run_keyed`,
 and come back as Arrow batches: the user's output rows, then one result row
-carrying the :class:`~dstl_client.checkpoint.messages.TaskResult` (and, in
-``EXTRA_COLUMN``, what else a kind of task reports, e.g. a processor's figures).
+carrying the :class:`~dstl_client.checkpoint.messages.TaskResult`
+(:mod:`dstl_client.batch.columns`).
 
 Invariant: output rows are converted and handed to Spark only after the
 batch's changes are durable at the sidecar and committed locally, so no
@@ -19,17 +19,10 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+from dstl_client.batch.columns import MARKER_COLUMN, output_batch, result_batch, user_arrow_fields
 from dstl_client.checkpoint.messages import BatchPlan
 from dstl_client.state.subtask import KeyedFunction, run_keyed
 
-META_COLUMN = "__dstl_meta"
-#: more of a task's result row (bytes, or null): what a kind of task adds to its result
-EXTRA_COLUMN = "__dstl_extra"
-PART_COLUMN = "__dstl_part"
-MARKER_COLUMN = "__dstl_marker"
-RESERVED_COLUMNS = (META_COLUMN, EXTRA_COLUMN, PART_COLUMN, MARKER_COLUMN)
-#: the columns a task's output has after the user's
-RESULT_COLUMNS = (META_COLUMN, EXTRA_COLUMN)
 #: output rows per Arrow batch returned by a task
 _OUT_BATCH_ROWS = 10_000
 
@@ -85,27 +78,3 @@ def keyed_task(
         arrays = [pa.array(c, type=f.type) for c, f in zip(cols, user_fields, strict=True)]
         yield output_batch(arrays, out_schema)
     yield result_batch(result.to_bytes(), None, out_schema)
-
-
-def user_arrow_fields(out_schema: Any) -> list[Any]:
-    """The user's fields of a task's Arrow output schema (the result columns left out)."""
-    return [f for f in out_schema if f.name not in RESULT_COLUMNS]
-
-
-def output_batch(arrays: list[Any], out_schema: Any) -> Any:
-    """An Arrow batch of output rows: the user's columns, null result columns."""
-    import pyarrow as pa
-
-    n = len(arrays[0]) if arrays else 0
-    tail = [pa.nulls(n, type=pa.binary()) for _ in RESULT_COLUMNS]
-    return pa.RecordBatch.from_arrays([*arrays, *tail], schema=out_schema)
-
-
-def result_batch(meta: bytes, extra: bytes | None, out_schema: Any) -> Any:
-    """The task's result row: null user columns, its ``TaskResult`` and extra bytes."""
-    import pyarrow as pa
-
-    cols = [pa.nulls(1, type=f.type) for f in user_arrow_fields(out_schema)]
-    cols.append(pa.array([meta], type=pa.binary()))
-    cols.append(pa.array([extra], type=pa.binary()))
-    return pa.RecordBatch.from_arrays(cols, schema=out_schema)

@@ -3,6 +3,8 @@ across a crash that left a batch recorded by the second stage only."""
 
 from __future__ import annotations
 
+import functools
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,14 @@ def per_bucket(key: Any, rows: list[dict[str, Any]], ctx: Any) -> Any:
     seen.update((seen.value() or 0) + len(rows))
     summed.update((summed.value() or 0) + sum(r["n"] for r in rows))
     yield key, seen.value(), summed.value()
+
+
+def per_bucket_slow_once(marker: Path, key: Any, rows: list[dict[str, Any]], ctx: Any) -> Any:
+    """``per_bucket``, but its first attempt of batch 1 outlives the checkpoint timeout."""
+    if ctx.batch_id == 1 and not marker.exists():
+        marker.touch()
+        time.sleep(120)  # cancelled by the abort long before
+    return per_bucket(key, rows, ctx)
 
 
 def model(batches: int) -> set[tuple[int, int, int, int]]:
@@ -77,7 +87,10 @@ def read(out: Path) -> set[tuple[int, int, int, int]]:
     return got
 
 
-def start(spark: Any, tmp: Path, sidecar: ServerProcess) -> Any:
+def start(
+    spark: Any, tmp: Path, sidecar: ServerProcess, second: Any = per_bucket, **options: Any
+) -> Any:
+    """The two-stage chain on ``tmp``'s input; ``second`` is the second stage's function."""
     df = (
         spark.readStream.schema("k string, v long")
         .option("maxFilesPerTrigger", 1)
@@ -92,7 +105,7 @@ def start(spark: Any, tmp: Path, sidecar: ServerProcess) -> Any:
             KeyedStage(
                 "per-bucket",
                 key="bucket",
-                fn=per_bucket,
+                fn=second,
                 output_schema="bucket long, seen long, sum long",
                 parallelism=1,
             ),
@@ -104,6 +117,7 @@ def start(spark: Any, tmp: Path, sidecar: ServerProcess) -> Any:
         dstl_address=sidecar.address,
         state_dir=str(tmp / "state"),
         sink=sink_to(tmp / "out"),
+        **options,
     )
 
 
@@ -145,6 +159,29 @@ def test_a_chain_keeps_separate_state_and_is_exactly_once_after_a_half_recorded_
     assert 2 in stage_one and 2 not in stage_two  # only the unrecorded stage re-ran it
     # no row counted twice in either stage: batch 3 and 4 carry the failure-free figures
     assert read(tmp_path / "out") == model(5)
+
+
+def test_a_chain_checkpoint_that_times_out_is_run_again_and_the_query_goes_on(
+    tmp_path: Path, sidecar: ServerProcess, spark: Any
+) -> None:
+    write_input(tmp_path / "input", 0, 2, ROWS, KEYS)
+    marker = tmp_path / "slow-once"
+    q = start(
+        spark,
+        tmp_path,
+        sidecar,
+        second=functools.partial(per_bucket_slow_once, marker),
+        checkpoint_timeout_s=30.0,  # (two stages on a shared machine: a margin)
+        tolerable_failed_checkpoints=2,
+    )
+    try:
+        q.wait_for_batch(2, timeout_s=300)
+    finally:
+        q.stop()
+    assert marker.exists()  # the slow attempt ran, and was aborted
+    assert q.failures is not None and q.failures.tolerated >= 1  # (a slow machine: more)
+    # the re-run started from the last records: no row counted twice in either stage
+    assert read(tmp_path / "out") == model(3)
 
 
 def test_stage_operator_ids_must_differ(spark: Any, tmp_path: Path) -> None:

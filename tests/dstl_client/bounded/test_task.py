@@ -10,12 +10,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from dstl_client.batch.columns import RESULT_COLUMNS
+from dstl_client.batch.routing import keyed_schemas
 from dstl_client.bounded import KeyOrderError
 from dstl_client.bounded.task import BoundedTaskSpec, bounded_task, key_pieces, key_runs
 from dstl_client.processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 from dstl_client.processor.task import INIT_COLUMN
-from dstl_client.spark.keyed import keyed_schemas
-from dstl_client.spark.task import RESULT_COLUMNS
 from dstl_client.state.api import KeyedContext
 from dstl_client.state.serializers import INT64
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from dstl_client.batch.options import KeyedOptions, default_job_id
 from dstl_client.checkpoint.messages import TaskResult
 from dstl_client.checkpoint.stats import CheckpointStats, TaskStats
 from dstl_client.coordinator.config import CheckpointSettings, CoordinatorConfig
 from dstl_client.coordinator.metadata import FileMetadataStore
 from dstl_client.core.errors import ConfigError
-from dstl_client.spark.options import KeyedOptions, default_job_id
 
 
 def test_keywords_map_onto_the_options_and_the_defaults_are_the_coordinators() -> None:

@@ -296,7 +296,7 @@ def test_dispose_needs_yes_and_removes_records_and_objects(
 def test_cancel_with_delete_on_cancellation_disposes_of_the_operator(
     tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
 ) -> None:
-    from dstl_client.spark.query import DstlQuery
+    from dstl_client.batch.query import DstlQuery
 
     for retain_on_cancel in (True, False):
         job = Job(

@@ -10,7 +10,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from dstl_client.processor.task import ProcessorTaskSpec, _concat_frames, _input_groups
+from dstl_client.processor.frames import concat_frames as _concat_frames
+from dstl_client.processor.task import ProcessorTaskSpec, _input_groups
 
 
 def spec() -> ProcessorTaskSpec:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dstl_client.batch.options import KeyedOptions
 from dstl_client.core.errors import ConfigError, DstlError, InvalidArgument
 from dstl_client.processor.conf import merged_options, option_name, options_of
 from dstl_client.processor.times import (
@@ -19,7 +20,6 @@ from dstl_client.processor.times import (
     read_offsets_entry,
     times_from_offsets,
 )
-from dstl_client.spark.options import KeyedOptions
 
 
 def _entry(watermark: int, timestamp: int) -> list[Any]:

@@ -1,4 +1,4 @@
-"""A running keyed query: the Spark query, its coordinator, its statistics."""
+"""A running keyed query: the Spark query, its coordinator(s), its statistics."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from dstl_client.batch.options import KeyedOptions
 from dstl_client.checkpoint.stats import CheckpointStats
 from dstl_client.coordinator.config import url_scheme
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
@@ -242,6 +243,36 @@ class DstlQuery:
         return self.query.awaitTermination(None if timeout_s is None else int(timeout_s))  # type: ignore[no-any-return]
 
 
+class ChainQuery(DstlQuery):
+    """A running chain: one Spark query, one coordinator per stage.
+
+    ``coordinator`` is the first stage's, which records last: a batch is
+    checkpointed in the whole chain once it has its record (``wait_for_batch``).
+    Threads as :class:`DstlQuery`.
+    """
+
+    def __init__(self, coordinators: list[CheckpointCoordinator], metrics_port: int | None) -> None:
+        super().__init__(coordinators[0], metrics_port)
+        self.coordinators = coordinators
+
+    def stop(self, timeout_s: float = 120.0, *, cancel: bool = False) -> None:
+        """Stop the query between two batches (see :meth:`DstlQuery.stop`), then every stage.
+
+        ``cancel=True`` with ``retain_on_cancel=False`` disposes of every
+        stage's checkpoints (its records and the objects only they use).
+        """
+        try:
+            super().stop(timeout_s, cancel=cancel)  # the first stage's writers and coordinator
+        finally:
+            for coordinator in self.coordinators[1:]:
+                try:
+                    coordinator.close_writers()
+                    if cancel and not coordinator.config.retain_on_cancel:
+                        coordinator.dispose()
+                finally:
+                    coordinator.close()
+
+
 def source_progress(spark_checkpoint: str | Path, batch_id: int) -> Any:
     """Spark's offsets log entry of the batch (what input the checkpoint covers).
 
@@ -264,3 +295,22 @@ def source_progress(spark_checkpoint: str | Path, batch_id: int) -> Any:
         except ValueError:
             out.append(line)
     return out
+
+
+def start_query(
+    df: Any, run_batch: Callable[[Any, int], None], opts: KeyedOptions, interval_s: float = 0.0
+) -> Any:
+    """Start ``df.writeStream.foreachBatch(run_batch)`` with the query options of ``opts``.
+
+    ``interval_s`` > 0 (the effective checkpoint interval, e.g. a REST
+    override) is the trigger; else ``opts.trigger``.
+    """
+    writer = df.writeStream.foreachBatch(run_batch).option(
+        "checkpointLocation", str(opts.spark_checkpoint_dir)
+    )
+    trigger = trigger_of(interval_s, opts.trigger)
+    if trigger:
+        writer = writer.trigger(**trigger)
+    if opts.query_name:
+        writer = writer.queryName(opts.query_name)
+    return writer.start()

@@ -187,3 +187,17 @@ class KeyedOptions(CheckpointSettings):
     def spark_checkpoint_dir(self) -> str:
         """Spark's ``checkpointLocation`` of the query (one per keyed operator); a URL stays one."""
         return spark_location(self.checkpoint_dir, self.operator_id)
+
+
+def stage_options(opts: KeyedOptions, operator_id: str, parallelism: int | None) -> KeyedOptions:
+    """A chain stage's options: the chain's, with the stage's operator id and parallelism.
+
+    The chain serves no metrics or REST port of its own per stage.
+    """
+    return dataclasses.replace(
+        opts,
+        operator_id=operator_id,
+        parallelism=parallelism or opts.parallelism,
+        metrics_port=None,
+        config_port=None,
+    )
