@@ -71,10 +71,11 @@ from dstl_client.core.errors import (
     WriterFailed,
 )
 from dstl_server.auth import check_job
-from dstl_server.throttle import READ_TURN_S, ReadTurn, charge_of
+from dstl_server.parts import charge_of
+from dstl_server.throttle import READ_TURN_S, ReadTurn
 
 if TYPE_CHECKING:
-    from dstl_server.registry import PendingPersist
+    from dstl_server.log import PendingPersist
     from dstl_server.service import ChangelogService, _Unread
 
 log = logging.getLogger(__name__)

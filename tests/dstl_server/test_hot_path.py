@@ -20,12 +20,12 @@ from dstl_client.core.format import (
     parse_object,
 )
 from dstl_client.core.handle import ChangelogHandle, HandleEntry
-from dstl_server import uploads as uploads_mod
+from dstl_server import batching as uploads_mod
 from dstl_server.log import PART_OVERHEAD_BYTES, WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.service import ChangelogService
 from dstl_server.throttle import MemoryBudget
-from dstl_server.uploads import UploadTask
+from dstl_server.upload_task import UploadTask
 from tests.dstl_server.test_uploads import check_entry, make_task, scheduler
 from tests.fakes import MemoryUploader, registry
 
