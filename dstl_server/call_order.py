@@ -229,7 +229,7 @@ class CallOrder:
         """Refuse a call of ``wl`` that carries changes unless the budget has room for it.
 
         What :meth:`turn` does before it admits a call, also used for a call
-        refused before it was decoded (:mod:`dstl_server.service`):
+        refused before it was decoded (:mod:`dstl_server.calls`):
         :class:`BudgetFull` (nothing applied, no turn taken: the client sends
         it again with the same ``seq``) or, for a writer pushed back past
         ``backpressure_timeout_s``, :class:`Backpressure`, which fails the

@@ -37,21 +37,25 @@ _MAY_HAVE_CARRIED = (pb.KeyGroupChanges(count=1),)
 
 
 class LogRegistry:
-    """All writers of this sidecar, their calls in client order, and their uploads.
+    """The directory of this sidecar's writers, their quotas, call order and memory budget.
 
-    Implements the FLIP-158 writer contract: SQNs are generated here;
-    ``persist`` reuses sections already uploaded or uploading and uploads only
-    what is new; ``truncate`` frees memory but never deletes an object (a
-    handle may reference it); ``close_writer`` drops unpersisted changes.
+    The writer contract (FLIP-158) is each :class:`~dstl_server.log.WriterLog`'s:
+    SQNs, part checks, persists that reuse sections already uploaded or
+    uploading, upload outcomes. The registry finds the writer of a call
+    (``LogNotFound``; its idle timer), enforces ``max_writers`` and
+    ``max_writers_per_job``, runs each call in its turn and charges and
+    releases the :class:`~dstl_server.throttle.MemoryBudget`; ``truncate``
+    frees memory but never deletes an object (a handle may reference it);
+    ``close_writer`` drops unpersisted changes.
 
     The writer calls ``append``, ``persist``, ``truncate`` and
     ``last_appended_sqn`` take the client's ``session`` and ``seq`` and run
-    in that order (:class:`~dstl_server.call_order.CallOrder`; ``seq == 0``
-    is unordered): everything a call validates or applies happens inside its
-    turn, and a call whose changes are refused there fails its session.
-    ``persist``'s turn ends once its changesets are queued for upload, so
-    later calls of the writer run while its uploads do. Memory is counted
-    once, by ``budget``; uploads are owned by ``uploads``.
+    in that order (one preamble, :meth:`_turn`, over
+    :class:`~dstl_server.call_order.CallOrder`; ``seq == 0`` is unordered):
+    everything a call validates or applies happens inside its turn, and a
+    call whose changes are refused there fails its session. ``persist``'s
+    turn ends once its changesets are queued for upload, so later calls of
+    the writer run while its uploads do. Uploads are owned by ``uploads``.
 
     Event-loop only: every method runs on the server's loop.
     """
