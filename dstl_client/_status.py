@@ -6,9 +6,12 @@ from typing import Any
 
 import grpc
 
-from dstl_client.core.errors import DstlError, SidecarUnavailable, error_class_for_kind
-
-ERROR_KIND_KEY = "dstl-error-kind"
+from dstl_client.core.errors import (
+    ERROR_KIND_KEY,
+    DstlError,
+    SidecarUnavailable,
+    error_class_for_kind,
+)
 
 _BY_CODE: dict[grpc.StatusCode, str] = {
     grpc.StatusCode.UNAVAILABLE: "unavailable",

@@ -18,6 +18,7 @@ from prometheus_client import start_http_server
 from dstl_client.core._pb import dstl_pb2
 from dstl_client.core.errors import ConfigError
 from dstl_server.auth import Authenticator, TokenAuthInterceptor
+from dstl_server.calls import Calls, register
 from dstl_server.forwarder import ParentForwarder
 from dstl_server.grpc_limits import server_options
 from dstl_server.grpc_metrics import GrpcMetricsInterceptor
@@ -27,7 +28,8 @@ from dstl_server.memory import release_free_memory
 from dstl_server.memory_rule import warn_if_memory_short
 from dstl_server.metrics import ServerMetrics
 from dstl_server.registry import LogRegistry
-from dstl_server.service import ChangelogService, register
+from dstl_server.service import ChangelogService
+from dstl_server.session import SessionHandler
 from dstl_server.settings import ServerSettings
 from dstl_server.storage import BlobStore, open_store
 from dstl_server.storage.cached import CachedBlobStore
@@ -88,9 +90,11 @@ class DstlServer:
         self.forwarder = ParentForwarder.from_settings(settings, self.metrics)
         self.registry = LogRegistry(settings, self.uploader, self.metrics, self.forwarder)
         self.auth = Authenticator.from_settings(settings)
-        self.service = ChangelogService(
-            self.registry, self.store, self.metrics, self.epoch, self.auth
-        )
+        # one call lifecycle (gate, principal, bounds, answers) for the service's
+        # methods and the Session stream's requests
+        self.calls = Calls(self.registry, self.metrics, self.auth)
+        self.service = ChangelogService(self.calls, self.store, self.epoch)
+        self.sessions = SessionHandler(self.calls)
         self._sweeper: asyncio.Task[None] | None = None
         self.health = health.aio.HealthServicer()
         # The Changelog service's health (readiness) follows the store; temp files
@@ -128,7 +132,7 @@ class DstlServer:
             options=server_options(s),
             maximum_concurrent_rpcs=s.max_concurrent_rpcs,
         )
-        register(server, self.service)
+        register(server, self.calls, self.service, self.sessions.Session)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -261,7 +265,7 @@ class DstlServer:
         deadline = loop_time() + grace
         # New Changelog calls get ShuttingDown; running ones (persists waiting
         # for uploads) go on while the registry flushes its queues.
-        self.service.stop_accepting()
+        self.calls.stop_accepting()
         drained = await self.registry.drain(grace)
         abandoned = 0
         if not drained:
@@ -276,7 +280,7 @@ class DstlServer:
                 extra={"grace_s": grace, "abandoned_persists": abandoned},
             )
         # the handlers of abandoned persists answer now, with their typed error
-        if not await self.service.wait_idle(max(1.0, deadline - loop_time())):
+        if not await self.calls.wait_idle(max(1.0, deadline - loop_time())):
             log.warning("shutdown: calls still running after the grace", extra={"grace_s": grace})
         # Only long-lived streams (health Watch) can be left: cut them now
         # instead of holding the exit for the whole grace period.

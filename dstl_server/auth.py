@@ -56,7 +56,12 @@ from typing import Any
 
 import grpc
 
-from dstl_client.core.errors import ConfigError, PermissionDenied, Unauthenticated
+from dstl_client.core.errors import (
+    ERROR_KIND_KEY,
+    ConfigError,
+    PermissionDenied,
+    Unauthenticated,
+)
 from dstl_client.core.keys import check_job_id
 from dstl_server.settings import ServerSettings
 
@@ -314,7 +319,7 @@ def _deny(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMethod
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED,
             message,
-            trailing_metadata=(("dstl-error-kind", Unauthenticated.kind),),
+            trailing_metadata=((ERROR_KIND_KEY, Unauthenticated.kind),),
         )
 
     async def single(request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from dstl_client.core.errors import (
     Backpressure,
@@ -24,11 +25,8 @@ from dstl_client.core.errors import (
 )
 from dstl_client.core.format import MAX_PARTS_PER_REQUEST
 from dstl_server.metrics import ServerMetrics
-from dstl_server.throttle import charge_of
-
-if TYPE_CHECKING:
-    from dstl_server.log import ChangePart, WriterLog
-    from dstl_server.throttle import MemoryBudget
+from dstl_server.parts import ChangePart, charge_of
+from dstl_server.throttle import MemoryBudget
 
 
 class CallSequencer:
@@ -163,6 +161,16 @@ class CallSequencer:
         self._turns.clear()
 
 
+class OrderedWriter(Protocol):
+    """A writer as :class:`CallOrder` sees it (:class:`~dstl_server.log.WriterLog`)."""
+
+    @property
+    def log_id(self) -> str: ...
+
+    @property
+    def calls(self) -> CallSequencer: ...
+
+
 class CallOrder:
     """Runs the ordered part of every writer's calls in client order.
 
@@ -202,7 +210,7 @@ class CallOrder:
 
     @contextlib.asynccontextmanager
     async def turn(
-        self, wl: WriterLog, session: int, seq: int, parts: Sequence[ChangePart] = ()
+        self, wl: OrderedWriter, session: int, seq: int, parts: Sequence[ChangePart] = ()
     ) -> AsyncIterator[None]:
         """Run the body after the earlier calls of ``session``; ``seq == 0`` is unordered."""
         if not (parts and seq and len(parts) <= MAX_PARTS_PER_REQUEST):
@@ -217,11 +225,11 @@ class CallOrder:
             async with self._ordered(wl, session, seq, charge if seq != expected else 0):
                 yield
 
-    def check_room(self, wl: WriterLog, session: int, seq: int) -> None:
+    def check_room(self, wl: OrderedWriter, session: int, seq: int) -> None:
         """Refuse a call of ``wl`` that carries changes unless the budget has room for it.
 
         What :meth:`turn` does before it admits a call, also used for a call
-        refused before it was decoded (:mod:`dstl_server.service`):
+        refused before it was decoded (:mod:`dstl_server.calls`):
         :class:`BudgetFull` (nothing applied, no turn taken: the client sends
         it again with the same ``seq``) or, for a writer pushed back past
         ``backpressure_timeout_s``, :class:`Backpressure`, which fails the
@@ -240,7 +248,7 @@ class CallOrder:
 
     @contextlib.asynccontextmanager
     async def _ordered(
-        self, wl: WriterLog, session: int, seq: int, parked: int
+        self, wl: OrderedWriter, session: int, seq: int, parked: int
     ) -> AsyncIterator[None]:
         calls = wl.calls
         if parked:
@@ -255,15 +263,25 @@ class CallOrder:
         finally:
             calls.leave(session, seq)
 
-    @contextlib.contextmanager
     def changes_land(
-        self, wl: WriterLog, session: int, seq: int, parts: Sequence[ChangePart]
+        self, wl: OrderedWriter, session: int, seq: int, parts: Sequence[ChangePart]
+    ) -> AbstractContextManager[None]:
+        """Fail ``session`` if the body (applying ``parts``) raises or is cancelled.
+
+        ``seq == 0`` (unordered): no session to fail, nothing around the body.
+        """
+        if not seq:
+            return contextlib.nullcontext()
+        return self._landing(wl, session, seq, parts)
+
+    @contextlib.contextmanager
+    def _landing(
+        self, wl: OrderedWriter, session: int, seq: int, parts: Sequence[ChangePart]
     ) -> Iterator[None]:
-        """Fail ``session`` if the body (applying ``parts``) raises or is cancelled."""
         try:
             yield
         except BaseException as exc:
-            if seq and any(p.count for p in parts):
+            if any(p.count for p in parts):
                 why = f"{exc.kind}: {exc.message}" if isinstance(exc, DstlError) else repr(exc)
                 self._fail(
                     wl,
@@ -276,7 +294,7 @@ class CallOrder:
                 )
             raise
 
-    def _fail(self, wl: WriterLog, session: int, exc: DstlError) -> None:
+    def _fail(self, wl: OrderedWriter, session: int, exc: DstlError) -> None:
         wl.calls.fail(session, exc)
         self.metrics.sessions_failed.inc()
 

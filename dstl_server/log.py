@@ -1,49 +1,84 @@
-"""The state of one writer's log: SQNs, changesets and where they were uploaded."""
+"""One writer's log and the writer contract: its parts, SQNs, persists and uploads.
+
+:class:`WriterLog` checks a call's parts, appends them, assembles a persist
+(what is new goes to upload, what is uploaded or uploading is reused) and
+records how each of its uploads ended (:meth:`WriterLog.upload_done`).
+The registry finds the writer, runs its calls in order and counts memory.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from dstl_client.core.errors import KeyGroupOutOfRange, SqnOutOfRange, WriterClosed
-from dstl_client.core.format import Changeset, PackedChanges
-from dstl_client.core.handle import HandleEntry
+from dstl_client.core.errors import (
+    ChangeTooLarge,
+    InvalidArgument,
+    KeyGroupOutOfRange,
+    SqnOutOfRange,
+    WriterClosed,
+)
+from dstl_client.core.format import MAX_PARTS_PER_REQUEST, Changeset, PackedChanges, check_packed
+from dstl_client.core.handle import ChangelogHandle, HandleEntry
 from dstl_server.call_order import CallSequencer
+from dstl_server.parts import PART_OVERHEAD_BYTES, ChangePart, held_bytes
+from dstl_server.upload_task import UploadTask
+from dstl_server.uploads import Uploads
 
-if TYPE_CHECKING:
-    from dstl_server.uploads import UploadTask
+__all__ = [
+    "INITIAL_SQN",
+    "PART_OVERHEAD_BYTES",
+    "CheckedParts",
+    "PendingPersist",
+    "WriterLog",
+    "held_bytes",
+]
 
 INITIAL_SQN = 0
 
-#: what the sidecar holds per appended key-group part beyond its bytes (the
-#: part object, its two bytes objects and its list/dict slots), charged to the
-#: memory budget so that many tiny parts cannot hold memory the budget misses
-PART_OVERHEAD_BYTES = 256
+_u32 = int.from_bytes
 
 
-def held_bytes(changeset: Changeset) -> int:
-    """Bytes the budget charges for a changeset: data plus per-part overhead."""
-    return changeset.nbytes + PART_OVERHEAD_BYTES * changeset.nparts
+def _check_part(kg: int, packed: PackedChanges, limit: int) -> None:
+    """The full check of one part (typed errors); the one-change part has a fast path."""
+    try:
+        check_packed(packed, limit)
+    except ValueError as exc:
+        cls = ChangeTooLarge if "exceeds the limit" in str(exc) else InvalidArgument
+        raise cls(f"key group {kg}: {exc}") from None
+    if not packed.count:
+        raise InvalidArgument(f"key group {kg}: a part must hold at least one change")
 
 
-class ChangePart(Protocol):
-    """One key group's changes as a call carries them (``dstl.v1.KeyGroupChanges``).
+@dataclass(frozen=True, slots=True)
+class CheckedParts:
+    """A call's parts, every one checked: (key group, changes) in call order.
 
-    ``sizes`` holds ``count`` little-endian u32 lengths, ``payload`` the
-    changes back to back: the on-disk encoding, never split into changes.
+    ``nbytes``: their sizes and payload; ``count``: their changes; ``charge``:
+    what the memory budget charges for them (``nbytes`` + per-part overhead).
     """
 
-    @property
-    def key_group(self) -> int: ...
+    parts: list[tuple[int, PackedChanges]]
+    nbytes: int
+    count: int
 
     @property
-    def count(self) -> int: ...
+    def charge(self) -> int:
+        return self.nbytes + PART_OVERHEAD_BYTES * len(self.parts)
 
-    @property
-    def sizes(self) -> bytes: ...
 
-    @property
-    def payload(self) -> bytes: ...
+@dataclass(frozen=True, slots=True)
+class PendingPersist:
+    """A persist between the end of its turn and its handle."""
+
+    log: WriterLog
+    after: int
+    to_sqn: int
+    sections: list[HandleEntry | UploadTask]
+    started: float
 
 
 class WriterLog:
@@ -56,15 +91,18 @@ class WriterLog:
     Every closed changeset is in exactly one of ``not_uploaded``,
     ``uploading`` (its :class:`~dstl_server.uploads.UploadTask`) or
     ``uploaded`` (its handle entry; the data is gone from memory) until
-    ``truncate`` drops it. Changesets move into and out of ``uploading`` only
-    in :mod:`dstl_server.uploads` (the one owner of an upload's lifecycle).
+    ``truncate`` drops it. Changesets move into ``uploading`` when an upload
+    starts (:meth:`upload_started`, told by
+    :class:`~dstl_server.uploads.Uploads`) and out of it when it ends
+    (:meth:`upload_done`): both here, the writer's maps have no other writer.
 
     Memory is counted in one place, the
     :class:`~dstl_server.throttle.MemoryBudget`: the registry charges what
     ``append`` adds (data + :data:`PART_OVERHEAD_BYTES` per part) and
-    releases what ``truncate``, ``close`` and a finished upload return as
-    freed. ``active_bytes`` is the size of the active changeset (the
-    pre-emptive upload threshold), not a second memory count.
+    releases what ``truncate`` and ``close`` return as freed; the upload
+    engine releases what :meth:`upload_done` returns. ``active_bytes`` is
+    the size of the active changeset (the pre-emptive upload threshold), not
+    a second memory count.
 
     Event-loop only: no locks, every method runs to completion.
     """
@@ -112,6 +150,45 @@ class WriterLog:
                 f"key group {key_group} is outside writer {self.log_id}'s range [{first}, {last}]"
             )
 
+    def check_parts(self, parts: Sequence[ChangePart], limit: int) -> CheckedParts:
+        """Check every part of a call before any is applied (typed errors).
+
+        At most ``MAX_PARTS_PER_REQUEST``, at least one; each key group in the
+        writer's range, each change at most ``limit`` bytes, sizes matching
+        the payload, no empty part. The usual one-change part is checked
+        inline; anything else by :func:`~dstl_client.core.format.check_packed`.
+        """
+        if len(parts) > MAX_PARTS_PER_REQUEST:
+            raise InvalidArgument(
+                f"{len(parts)} key-group parts in one request (at most "
+                f"{MAX_PARTS_PER_REQUEST}): send the buffer in several requests"
+            )
+        self.check_open()
+        if not parts:
+            raise InvalidArgument("empty append batch")
+        batches: list[tuple[int, PackedChanges]] = []
+        add = batches.append
+        nbytes = 0  # sizes + payload
+        count = 0
+        first_kg, last_kg = self.key_group_range
+        for part in parts:
+            # each field read once: a bytes field of a request is a new object per read
+            kg = part.key_group
+            n = part.count
+            sizes = part.sizes
+            payload = part.payload
+            if not first_kg <= kg <= last_kg:
+                self.check_key_group(kg)  # raises, with the message
+            size = len(payload)
+            if not (
+                n == 1 and len(sizes) == 4 and _u32(sizes, "little") == size and size <= limit
+            ):  # anything but the usual one-change part: the full check
+                _check_part(kg, PackedChanges(n, sizes, payload), limit)
+            add((kg, PackedChanges(n, sizes, payload)))
+            nbytes += len(sizes) + size
+            count += n
+        return CheckedParts(batches, nbytes, count)
+
     def append(self, key_group: int, packed: PackedChanges) -> None:
         self.append_parts([(key_group, packed)], packed.nbytes)
 
@@ -148,6 +225,79 @@ class WriterLog:
         return self.active_sqn
 
     # ------------------------------------------------------------- persists
+    def begin_persist(self, after: int, uploads: Uploads) -> PendingPersist:
+        """Close the changeset, upload what is new, collect the sections (in the call's turn).
+
+        Every change with SQN >= ``after`` is then in an uploaded entry or a
+        running upload; the handle is :meth:`await_handle`'s.
+        """
+        started = time.perf_counter()
+        self.check_open()
+        self.check_persist_from(after)
+        to_sqn = self.rollover()
+        new = self.take_not_uploaded(after)
+        if new:
+            uploads.start(self, new, preemptive=False)
+        return PendingPersist(self, after, to_sqn, self.sections_from(after), started)
+
+    async def await_handle(self, pending: PendingPersist) -> ChangelogHandle:
+        """Wait for the uploads ``pending`` needs; its handle (after the turn)."""
+        entries: list[HandleEntry] = []
+        for section in pending.sections:
+            if isinstance(section, UploadTask):
+                entry = await asyncio.shield(section.future)
+            else:
+                entry = section
+            if not entries or entries[-1] != entry:
+                entries.append(entry)
+        return ChangelogHandle(
+            self.job_id,
+            self.log_id,
+            self.key_group_range,
+            pending.after,
+            pending.to_sqn,
+            tuple(entries),
+        )
+
+    def upload_all(self, uploads: Uploads) -> None:
+        """Close the changeset and upload all not uploaded, persist or not (pre-emptive)."""
+        self.rollover()
+        changesets = self.take_not_uploaded(None)
+        if changesets:
+            uploads.start(self, changesets, preemptive=True)
+
+    # ------------------------------------------------------------- uploads
+    def upload_started(self, task: UploadTask) -> None:
+        """``task`` uploads its changesets (taken out of not-uploaded): they are uploading."""
+        for cs in task.changesets:
+            self.uploading[cs.sqn] = task
+
+    def upload_done(self, task: UploadTask) -> int:
+        """Record how ``task`` ended; return the bytes no longer held (for the budget).
+
+        Success: the writer keeps the handle entry of each changeset it still
+        needs (open, not truncated past it), the data is freed. Failure: the
+        changesets go back to not-uploaded (the next persist uploads them
+        again) unless the writer was closed or truncated past them, which
+        frees them.
+        """
+        fut = task.future
+        entry = None if fut.cancelled() or fut.exception() is not None else fut.result()
+        freed = 0
+        for cs in task.changesets:
+            if self.uploading.get(cs.sqn) is task:
+                del self.uploading[cs.sqn]
+            keep = not self.closed and cs.sqn >= self.truncated_before
+            if entry is not None:
+                freed += held_bytes(cs)
+                if keep:
+                    self.uploaded[cs.sqn] = entry
+            elif keep:
+                self.not_uploaded[cs.sqn] = cs
+            else:
+                freed += held_bytes(cs)
+        return freed
+
     def check_persist_from(self, after: int) -> None:
         if after > self.active_sqn:
             raise SqnOutOfRange(

@@ -1,16 +1,15 @@
-"""The log registry: every writer on this node, their SQNs, calls, persists and uploads."""
+"""The log registry: the directory of this node's writers, their quotas, call order and memory."""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import (
-    ChangeTooLarge,
     DstlError,
     InvalidArgument,
     LogNotFound,
@@ -18,64 +17,45 @@ from dstl_client.core.errors import (
     TooManyWriters,
     UploadFailed,
 )
-from dstl_client.core.format import MAX_PARTS_PER_REQUEST, PackedChanges, check_packed
-from dstl_client.core.handle import ChangelogHandle, HandleEntry
+from dstl_client.core.handle import ChangelogHandle
 from dstl_client.core.keys import check_job_id
 from dstl_server.call_order import CallOrder
 from dstl_server.forwarder import ParentForwarder
-from dstl_server.log import PART_OVERHEAD_BYTES, ChangePart, WriterLog
+from dstl_server.log import PendingPersist, WriterLog
 from dstl_server.metrics import ServerMetrics
+from dstl_server.parts import ChangePart
 from dstl_server.settings import ServerSettings
 from dstl_server.throttle import MemoryBudget
 from dstl_server.uploader import Uploader
-from dstl_server.uploads import Uploads, UploadTask
+from dstl_server.uploads import Uploads
 
 log = logging.getLogger(__name__)
 
 _MAX_KEY_GROUP = 1 << 24
 #: what a call refused before its parts were read may have carried: one change
 _MAY_HAVE_CARRIED = (pb.KeyGroupChanges(count=1),)
-_u32 = int.from_bytes
-
-
-def _check_part(kg: int, packed: PackedChanges, limit: int) -> None:
-    """The full check of one part (typed errors); the one-change part has a fast path."""
-    try:
-        check_packed(packed, limit)
-    except ValueError as exc:
-        cls = ChangeTooLarge if "exceeds the limit" in str(exc) else InvalidArgument
-        raise cls(f"key group {kg}: {exc}") from None
-    if not packed.count:
-        raise InvalidArgument(f"key group {kg}: a part must hold at least one change")
-
-
-@dataclass(frozen=True, slots=True)
-class PendingPersist:
-    """A persist between the end of its turn and its handle."""
-
-    log: WriterLog
-    after: int
-    to_sqn: int
-    sections: list[HandleEntry | UploadTask]
-    started: float
 
 
 class LogRegistry:
-    """All writers of this sidecar, their calls in client order, and their uploads.
+    """The directory of this sidecar's writers, their quotas, call order and memory budget.
 
-    Implements the FLIP-158 writer contract: SQNs are generated here;
-    ``persist`` reuses sections already uploaded or uploading and uploads only
-    what is new; ``truncate`` frees memory but never deletes an object (a
-    handle may reference it); ``close_writer`` drops unpersisted changes.
+    The writer contract (FLIP-158) is each :class:`~dstl_server.log.WriterLog`'s:
+    SQNs, part checks, persists that reuse sections already uploaded or
+    uploading, upload outcomes. The registry finds the writer of a call
+    (``LogNotFound``; its idle timer), enforces ``max_writers`` and
+    ``max_writers_per_job``, runs each call in its turn and charges and
+    releases the :class:`~dstl_server.throttle.MemoryBudget`; ``truncate``
+    frees memory but never deletes an object (a handle may reference it);
+    ``close_writer`` drops unpersisted changes.
 
     The writer calls ``append``, ``persist``, ``truncate`` and
     ``last_appended_sqn`` take the client's ``session`` and ``seq`` and run
-    in that order (:class:`~dstl_server.call_order.CallOrder`; ``seq == 0``
-    is unordered): everything a call validates or applies happens inside its
-    turn, and a call whose changes are refused there fails its session.
-    ``persist``'s turn ends once its changesets are queued for upload, so
-    later calls of the writer run while its uploads do. Memory is counted
-    once, by ``budget``; uploads are owned by ``uploads``.
+    in that order (one preamble, :meth:`_turn`, over
+    :class:`~dstl_server.call_order.CallOrder`; ``seq == 0`` is unordered):
+    everything a call validates or applies happens inside its turn, and a
+    call whose changes are refused there fails its session. ``persist``'s
+    turn ends once its changesets are queued for upload, so later calls of
+    the writer run while its uploads do. Uploads are owned by ``uploads``.
 
     Event-loop only: every method runs on the server's loop.
     """
@@ -131,6 +111,7 @@ class LogRegistry:
         return wl
 
     def _open(self, log_id: str) -> WriterLog:
+        """The writer of a call in its turn, open (closed meanwhile: LogNotFound)."""
         wl = self._called(log_id)
         wl.check_open()
         return wl
@@ -182,16 +163,31 @@ class LogRegistry:
         return wl
 
     # ---------------------------------------------------------------- ordered calls
+    def _turn(
+        self, log_id: str, session: int, seq: int, parts: Sequence[ChangePart] = ()
+    ) -> AbstractAsyncContextManager[WriterLog]:
+        """The writer of a call, in the call's turn: the one preamble of every ordered call.
+
+        Its idle timer restarts; ``seq == 0`` (unordered: a Session stream's order is its
+        own) takes no turn and no time.
+        """
+        wl = self._called(log_id)
+        if not seq:
+            return contextlib.nullcontext(wl)
+        return self._ordered(wl, session, seq, parts)
+
+    @contextlib.asynccontextmanager
+    async def _ordered(
+        self, wl: WriterLog, session: int, seq: int, parts: Sequence[ChangePart]
+    ) -> AsyncIterator[WriterLog]:
+        async with self.order.turn(wl, session, seq, parts):
+            yield wl
+
     async def append(
         self, log_id: str, parts: Sequence[ChangePart], *, session: int = 0, seq: int = 0
     ) -> int:
         """Append a call's parts (all or nothing) in its turn; return their SQN."""
-        wl = self._called(log_id)
-        if not seq:  # unordered (a Session stream's order is its own): no turn to take
-            if not parts:
-                raise InvalidArgument("empty append batch")
-            return await self._append(log_id, parts)
-        async with self.order.turn(wl, session, seq, parts):
+        async with self._turn(log_id, session, seq, parts) as wl:
             if not parts:
                 raise InvalidArgument("empty append batch")
             with self.order.changes_land(wl, session, seq, parts):
@@ -203,18 +199,12 @@ class LogRegistry:
         """Refuse a writer call with ``error`` in its turn (raises it): one refused before its
         parts were decoded (too many of them). It may have carried changes, so its session
         fails, like one whose changes are refused."""
-        wl = self._called(log_id)
-        if not seq:
-            raise error
-        async with self.order.turn(wl, session, seq):
+        async with self._turn(log_id, session, seq) as wl:
             with self.order.changes_land(wl, session, seq, _MAY_HAVE_CARRIED):
                 raise error
 
     async def last_appended_sqn(self, log_id: str, *, session: int = 0, seq: int = 0) -> int:
-        wl = self._called(log_id)
-        if not seq:
-            return self._open(log_id).rollover()
-        async with self.order.turn(wl, session, seq):
+        async with self._turn(log_id, session, seq):
             return self._open(log_id).rollover()
 
     async def persist(
@@ -250,58 +240,26 @@ class LogRegistry:
         The Session stream runs this in stream order and awaits the handle in
         a task of its own, so the stream's later requests go on meanwhile.
         """
-        wl = self._called(log_id)
-        if not seq:
-            if parts:
-                await self._append(log_id, parts)
-            return self._begin_persist(log_id, after)
-        async with self.order.turn(wl, session, seq, parts):
+        async with self._turn(log_id, session, seq, parts) as wl:
             if parts:
                 with self.order.changes_land(wl, session, seq, parts):
                     await self._append(log_id, parts)
-            return self._begin_persist(log_id, after)
+            self.metrics.persist_requests.inc()
+            try:
+                return self._called(log_id).begin_persist(after, self.uploads)
+            except DstlError:
+                self.metrics.persist_failures.inc()
+                raise
 
     async def truncate(self, log_id: str, before: int, *, session: int = 0, seq: int = 0) -> None:
-        wl = self._called(log_id)
-        if not seq:
-            self.budget.release(self._open(log_id).truncate(before))
-            return
-        async with self.order.turn(wl, session, seq):
+        async with self._turn(log_id, session, seq):
             self.budget.release(self._open(log_id).truncate(before))
 
     async def _append(self, log_id: str, parts: Sequence[ChangePart]) -> int:
-        """Validate every part first, then append them all (all or nothing)."""
-        if len(parts) > MAX_PARTS_PER_REQUEST:
-            raise InvalidArgument(
-                f"{len(parts)} key-group parts in one request (at most "
-                f"{MAX_PARTS_PER_REQUEST}): send the buffer in several requests"
-            )
-        wl = self._open(log_id)
-        if not parts:
-            raise InvalidArgument("empty append batch")
-        batches: list[tuple[int, PackedChanges]] = []
-        add = batches.append
-        nbytes = 0  # sizes + payload
-        count = 0
-        limit = self.settings.max_change_bytes
-        first_kg, last_kg = wl.key_group_range
-        for part in parts:
-            # each field read once: a bytes field of a request is a new object per read
-            kg = part.key_group
-            n = part.count
-            sizes = part.sizes
-            payload = part.payload
-            if not first_kg <= kg <= last_kg:
-                wl.check_key_group(kg)  # raises, with the message
-            size = len(payload)
-            if not (
-                n == 1 and len(sizes) == 4 and _u32(sizes, "little") == size and size <= limit
-            ):  # anything but the usual one-change part: the full check
-                _check_part(kg, PackedChanges(n, sizes, payload), limit)
-            add((kg, PackedChanges(n, sizes, payload)))
-            nbytes += len(sizes) + size
-            count += n
-        charged = nbytes + PART_OVERHEAD_BYTES * len(batches)
+        """Check every part first (the writer's), charge them, then append them all."""
+        wl = self._called(log_id)  # closed while the call waited for its turn: LogNotFound
+        checked = wl.check_parts(parts, self.settings.max_change_bytes)
+        charged = checked.charge
         budget = self.budget
         if budget.over:
             self.metrics.backpressure_waits.inc()
@@ -311,55 +269,23 @@ class LogRegistry:
                 wl.check_open()
         else:
             budget.take(charged)  # room: no wait, no await
-        wl.append_parts(batches, nbytes)
+        wl.append_parts(checked.parts, checked.nbytes)
         sqn = wl.active_sqn  # before a pre-emptive upload closes the changeset
         metrics = self.metrics
-        metrics.appended_bytes.inc(nbytes)
-        metrics.appended_changes.inc(count)
+        metrics.appended_bytes.inc(checked.nbytes)
+        metrics.appended_changes.inc(checked.count)
         metrics.append_requests.inc()
         threshold = self.settings.preemptive_persist_threshold
         if threshold and wl.active_bytes >= threshold:
-            self.uploads.preempt(wl)
+            wl.upload_all(self.uploads)
         return sqn
 
-    def _begin_persist(self, log_id: str, after: int) -> PendingPersist:
-        """Close the changeset, queue what is new, collect the sections (in the turn)."""
-        started = time.perf_counter()
-        self.metrics.persist_requests.inc()
-        try:
-            wl = self._open(log_id)
-            wl.check_persist_from(after)
-            to_sqn = wl.rollover()
-            new = wl.take_not_uploaded(after)
-            if new:
-                self.uploads.start(wl, new, preemptive=False)
-            sections = wl.sections_from(after)
-        except DstlError:
-            self.metrics.persist_failures.inc()
-            raise
-        return PendingPersist(wl, after, to_sqn, sections, started)
-
     async def await_handle(self, pending: PendingPersist) -> ChangelogHandle:
-        """Wait for the uploads the persist needs; build its handle (after the turn)."""
+        """Wait for the uploads the persist needs; its handle (after the turn), counted."""
         wl = pending.log
         self.waiting_persists += 1
         try:
-            entries: list[HandleEntry] = []
-            for section in pending.sections:
-                if isinstance(section, UploadTask):
-                    entry = await asyncio.shield(section.future)
-                else:
-                    entry = section
-                if not entries or entries[-1] != entry:
-                    entries.append(entry)
-            handle = ChangelogHandle(
-                wl.job_id,
-                wl.log_id,
-                wl.key_group_range,
-                pending.after,
-                pending.to_sqn,
-                tuple(entries),
-            )
+            handle = await wl.await_handle(pending)
         except DstlError as exc:
             self.metrics.persist_failures.inc()
             if isinstance(exc, UploadFailed):
@@ -394,7 +320,7 @@ class LogRegistry:
         """Memory is full: upload every writer's unpersisted changes now."""
         for wl in list(self._logs.values()):
             if wl.active_bytes or wl.not_uploaded:
-                self.uploads.preempt(wl)
+                wl.upload_all(self.uploads)
         self.uploads.flush_all("pressure")
 
     # ---------------------------------------------------------------- expiry

@@ -54,9 +54,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
@@ -66,16 +66,13 @@ from dstl_client.core.errors import (
     BudgetFull,
     DstlError,
     InvalidArgument,
-    PermissionDenied,
     ShuttingDown,
     WriterFailed,
 )
-from dstl_server.auth import check_job
-from dstl_server.throttle import READ_TURN_S, ReadTurn, charge_of
-
-if TYPE_CHECKING:
-    from dstl_server.registry import PendingPersist
-    from dstl_server.service import ChangelogService, _Unread
+from dstl_server.calls import Calls, Unread, check_decoded
+from dstl_server.log import PendingPersist
+from dstl_server.parts import charge_of
+from dstl_server.throttle import READ_TURN_S, ReadTurn
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +81,32 @@ log = logging.getLogger(__name__)
 MAX_WAITING_PERSISTS = 16
 
 
+class SessionHandler:
+    """The ``Session`` method of the Changelog service: one :class:`SessionStream` per
+    stream, through the call lifecycle (``app`` registers it beside the service's
+    methods). Event-loop only."""
+
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+
+    # the reader/writer form of a streaming handler: answers go out by context.write
+    async def Session(
+        self, requests: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        """One writer's calls on one stream, in stream order (see the module docs)."""
+        try:
+            if not self.calls.accepting:
+                raise ShuttingDown("the sidecar is shutting down")
+            await SessionStream(self.calls, context).run()
+        except Exception as exc:  # bytes that do not decode, a bug: the stream ends
+            await self.calls.abort(context, exc)
+
+
 class SessionStream:
     """One ``Session`` stream of one writer (see the module docs)."""
 
     __slots__ = (
+        "_calls",
         "_ctx",
         "_expected",
         "_full",
@@ -95,17 +114,16 @@ class SessionStream:
         "_persists",
         "_principal",
         "_registry",
-        "_service",
         "_slots",
         "_write_lock",
         "log_id",
     )
 
-    def __init__(self, service: ChangelogService, context: grpc.aio.ServicerContext) -> None:
-        self._service = service
-        self._registry = service.registry
+    def __init__(self, calls: Calls, context: grpc.aio.ServicerContext) -> None:
+        self._calls = calls
+        self._registry = calls.registry
         self._ctx = context
-        self._principal = service._principal(context)
+        self._principal = calls.principal(context)
         self.log_id = ""
         #: set once a request that carried changes was refused
         self._lost: DstlError | None = None
@@ -120,8 +138,6 @@ class SessionStream:
 
     async def run(self) -> None:
         """Serve requests until the client half-closes; then answer the waiting persists."""
-        from dstl_server.service import _check_decoded, _Unread
-
         handle = self._handle
         eof = grpc.aio.EOF
         call_soon = asyncio.get_running_loop().call_soon
@@ -135,11 +151,11 @@ class SessionStream:
                 # admitted: after the synchronous start of its handling, which admits it
                 call_soon(turn.done)
                 try:
-                    if type(req) is _Unread:
+                    if type(req) is Unread:
                         await self._refuse_unread(req)
                     else:
                         if type(req) is not pb.SessionRequest:
-                            _check_decoded(req)  # bytes that do not decode: the stream ends
+                            check_decoded(req)  # bytes that do not decode: the stream ends
                         await handle(req)
                 finally:
                     # an idle stream must not keep its last request (its changes) alive
@@ -171,7 +187,7 @@ class SessionStream:
         turn = budget.read_turn_now(expected)
         waited = turn is None
         if turn is None:
-            self._service.metrics.backpressure_waits.inc()
+            self._calls.metrics.backpressure_waits.inc()
             turn = await budget.wait_read_turn(self.log_id, expected)
         started = loop.time()
         try:
@@ -191,7 +207,7 @@ class SessionStream:
         try:
             return await asyncio.wait_for(self._ctx.read(), bind_timeout)
         except TimeoutError:
-            self._service.metrics.errors.labels("session_idle").inc()
+            self._calls.metrics.errors.labels("session_idle").inc()
             await self._ctx.abort(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"no request named a writer within {bind_timeout:g}s "
@@ -211,17 +227,16 @@ class SessionStream:
             return self.log_id
         if not log_id:
             raise InvalidArgument("the first request of a Session stream must name its log id")
-        wl = self._registry.get(log_id)
-        check_job(self._principal, wl.job_id, admin_ok=False)
+        self._calls.owned_log(self._principal, log_id, admin_ok=False)
         self.log_id = log_id
         return log_id
 
     async def _handle(self, req: pb.SessionRequest) -> None:
         rid = req.id
         which = req.WhichOneof("call")
-        service = self._service
+        calls = self._calls
         try:
-            service._enter()
+            calls.enter()
         except ShuttingDown as exc:
             await self._refuse(rid, exc)
             return
@@ -277,16 +292,16 @@ class SessionStream:
             await self._refusal(rid, exc, carries)
         finally:
             if not handed_over:
-                service._leave()
+                calls.leave()
 
-    async def _refuse_unread(self, unread: _Unread) -> None:
+    async def _refuse_unread(self, unread: Unread) -> None:
         """A request with changes received while the budget had no room (left undecoded):
         refused like a decoded one the budget has no room for, or handled if room came."""
         header = unread.header
         rid = header.request_id
-        service = self._service
+        calls = self._calls
         try:
-            service._enter()
+            calls.enter()
         except ShuttingDown as exc:
             await self._refuse(rid, exc)
             return
@@ -302,12 +317,10 @@ class SessionStream:
             await self._refusal(rid, exc, carries=True)
             return
         finally:
-            service._leave()
+            calls.leave()
         req = unread.decode()  # room after all: decoded and handled as usual
         if type(req) is not pb.SessionRequest:
-            from dstl_server.service import _check_decoded
-
-            _check_decoded(req)
+            check_decoded(req)
         await self._handle(req)
 
     async def _refusal(self, rid: int, exc: DstlError, carries: bool) -> None:
@@ -325,7 +338,7 @@ class SessionStream:
                 "so that no handle misses them: recreate the writer and recover from the "
                 "last checkpoint"
             )
-            self._service.metrics.sessions_failed.inc()
+            self._calls.metrics.sessions_failed.inc()
         await self._refuse(rid, exc)
 
     def _check_lost(self) -> None:
@@ -348,7 +361,7 @@ class SessionStream:
         try:
             self._registry.budget.check_room(log_id)
         except Backpressure:  # BudgetFull, or pushed back too long
-            self._service.metrics.backpressure_waits.inc()
+            self._calls.metrics.backpressure_waits.inc()
             raise
 
     async def _answer_persist(self, rid: int, pending: PendingPersist) -> None:
@@ -356,18 +369,9 @@ class SessionStream:
         try:
             try:
                 handle = await self._registry.await_handle(pending)
-                out = self._service.session_persist_answer(rid, handle, pending.after)
-            except DstlError as exc:
-                out = self._error_response(rid, exc)
-            except Exception as exc:  # a bug: the client sees an untyped error
-                log.exception("internal error answering a persist on a Session stream")
-                self._service.metrics.errors.labels("internal").inc()
-                out = pb.SessionResponse(
-                    id=rid,
-                    error=pb.SessionError(
-                        kind="internal", code="INTERNAL", message=f"internal error: {exc!r}"
-                    ),
-                )
+                out = self._calls.session_persist_answer(rid, handle, pending.after)
+            except Exception as exc:  # typed, or a bug (logged; the client sees "internal")
+                out = self._calls.stream_error(rid, exc)
             try:
                 await self._send(out)
             except Exception as exc:  # the stream ended meanwhile: nobody to answer
@@ -378,22 +382,12 @@ class SessionStream:
                 )
         finally:
             self._slots.release()
-            self._service._leave()
+            self._calls.leave()
 
     # ------------------------------------------------------------ answers
-    def _error_response(self, rid: int, exc: DstlError) -> pb.SessionResponse:
-        """The answer refusing request ``rid`` with ``exc`` (counted like a unary refusal)."""
-        from dstl_server.service import _bounded
-
-        metrics = self._service.metrics
-        metrics.errors.labels(exc.kind).inc()
-        if isinstance(exc, PermissionDenied):
-            metrics.auth_refusals.labels(exc.kind).inc()
-        error = pb.SessionError(kind=exc.kind, code=exc.grpc_code, message=_bounded(exc.message))
-        return pb.SessionResponse(id=rid, error=error)
-
     async def _refuse(self, rid: int, exc: DstlError) -> None:
-        await self._send(self._error_response(rid, exc))
+        """Answer request ``rid`` with ``exc`` (counted like a unary refusal)."""
+        await self._send(self._calls.stream_error(rid, exc))
 
     async def _send(self, response: pb.SessionResponse) -> None:
         # one message in flight per call (gRPC core); persists answer from tasks

@@ -7,13 +7,9 @@ import collections
 import contextlib
 import contextvars
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
 from dstl_client.core.errors import Backpressure, BudgetFull
-
-if TYPE_CHECKING:
-    from dstl_server.log import ChangePart
 
 #: calls refused at once call ``on_pressure`` at most this often (it walks every writer)
 PRESSURE_INTERVAL_S = 0.05
@@ -26,17 +22,6 @@ READ_TURN_S = 0.05
 #: while streams wait for room, what waits for upload is pushed out this often (an
 #: upload that failed in an outage is tried again, as a refused call would ask)
 WAIT_PRESSURE_S = 0.25
-
-
-def charge_of(parts: Sequence[ChangePart]) -> int:
-    """What the budget charges for a call's parts: their bytes plus per-part overhead.
-
-    The same as the registry charges when it appends them, so a call admitted
-    with :meth:`MemoryBudget.admitted` turns its hold into ``used`` exactly.
-    """
-    from dstl_server.log import PART_OVERHEAD_BYTES  # log imports call_order imports us
-
-    return sum(len(p.sizes) + len(p.payload) + PART_OVERHEAD_BYTES for p in parts)
 
 
 def _current_task() -> asyncio.Task[object] | None:

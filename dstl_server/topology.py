@@ -12,12 +12,9 @@ start (exit 2, one line). Pure functions; any thread.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dstl_client.core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from dstl_server.settings import ServerSettings
 
 #: the 64 KiB a forward request keeps below max_request_bytes (job id, framing)
 _REQUEST_ROOM = 64 * 1024
@@ -108,7 +105,41 @@ def resolve_parent(parent: str, tree: TreeSpec | None, listen: str) -> str:
     return parent
 
 
-def forwarding_parent(s: ServerSettings) -> str:
+class ForwardingSettings(Protocol):
+    """The settings :func:`forwarding_parent` reads (``ServerSettings`` has them): the
+    settings import this module, never the other way round."""
+
+    @property
+    def tree_index(self) -> int: ...
+    @property
+    def tree_size(self) -> int: ...
+    @property
+    def tree_fanout(self) -> int: ...
+    @property
+    def tree_address_template(self) -> str: ...
+    @property
+    def parent(self) -> str: ...
+    @property
+    def listen(self) -> str: ...
+    @property
+    def forward_timeout_s(self) -> float: ...
+    @property
+    def upload_deadline_s(self) -> float: ...
+    @property
+    def forward_threshold_bytes(self) -> int: ...
+    @property
+    def max_request_bytes(self) -> int: ...
+    @property
+    def parent_token_file(self) -> str: ...
+    @property
+    def auth_secret(self) -> str: ...
+    @property
+    def parent_ca_file(self) -> str: ...
+
+    def is_loopback(self, host: str) -> bool: ...
+
+
+def forwarding_parent(s: ForwardingSettings) -> str:
     """Validate the forwarding settings of ``s``; return its parent address ("" for none)."""
     if s.tree_index < -1:
         raise ConfigError(f"setting tree_index={s.tree_index}: must be >= -1")

@@ -13,6 +13,7 @@ type alone (a 503 or a reset connection is retried, a 403 is not).
 from __future__ import annotations
 
 __all__ = [
+    "ERROR_KIND_KEY",
     "Backpressure",
     "BlobNotFound",
     "BudgetFull",
@@ -39,6 +40,10 @@ __all__ = [
     "WriterFailed",
     "error_class_for_kind",
 ]
+
+#: the trailer (gRPC trailing metadata) that carries a refused call's error ``kind``:
+#: the server writes it, the client reads it back into the same class
+ERROR_KIND_KEY = "dstl-error-kind"
 
 
 class DstlError(Exception):

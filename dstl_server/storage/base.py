@@ -48,10 +48,8 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from dstl_client.core.errors import StorageError
+from dstl_client.core.errors import InvalidArgument, StorageError
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +127,6 @@ class BlobStore(abc.ABC):
 
 def validate_key(key: str) -> None:
     """Keys are relative, '/'-separated, without empty, '.' or '..' parts."""
-    from dstl_client.core.errors import InvalidArgument
-
     if not key or key.startswith("/") or len(key) > 1024:
         raise InvalidArgument(f"bad object key {key!r}")
     for part in key.split("/"):

@@ -22,10 +22,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dstl_client.core._pb import dstl_pb2 as pb
+from dstl_client.core.errors import ERROR_KIND_KEY
 from loadtest.wire_fuzz.encoding import tag, varint
 from loadtest.wire_fuzz.settings import (
     CALL_TIMEOUT_S,
-    ERROR_KIND_KEY,
     HEALTH_TIMEOUT_S,
     SERVICE,
 )

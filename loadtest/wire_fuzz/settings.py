@@ -14,7 +14,6 @@ U32 = (1 << 32) - 1
 U64 = (1 << 64) - 1
 
 SERVICE = "/dstl.v1.Changelog/"
-ERROR_KIND_KEY = "dstl-error-kind"
 
 #: every call must be answered within this (its gRPC deadline)
 CALL_TIMEOUT_S = 10.0

@@ -20,12 +20,12 @@ from dstl_client.core.format import (
     parse_object,
 )
 from dstl_client.core.handle import ChangelogHandle, HandleEntry
-from dstl_server import uploads as uploads_mod
+from dstl_server import batching as uploads_mod
+from dstl_server.calls import Calls
 from dstl_server.log import PART_OVERHEAD_BYTES, WriterLog
 from dstl_server.metrics import ServerMetrics
-from dstl_server.service import ChangelogService
 from dstl_server.throttle import MemoryBudget
-from dstl_server.uploads import UploadTask
+from dstl_server.upload_task import UploadTask
 from tests.dstl_server.test_uploads import check_entry, make_task, scheduler
 from tests.fakes import MemoryUploader, registry
 
@@ -137,9 +137,9 @@ async def test_large_flush_is_encoded_and_built_in_one_thread_hop(
     assert check_entry(up, task, entry) == payload
 
 
-def _service() -> ChangelogService:
-    reg = registry(MemoryUploader())
-    return ChangelogService(reg, None, ServerMetrics(), "epoch")  # type: ignore[arg-type]
+def _service() -> Calls:
+    """The persist answers (the call lifecycle's), as the service and the stream use them."""
+    return Calls(registry(MemoryUploader()), ServerMetrics())
 
 
 def _handle(entries: int, key: str = "job/00/" + "k" * 36 + ".dstl") -> ChangelogHandle:
@@ -166,9 +166,9 @@ def test_session_persist_answer_refuses_a_handle_too_large_for_a_message() -> No
     service = _service()
     handle = _handle(40)
     size = service.persist_response(handle, 3).ByteSize()
-    service._max_response_bytes = size  # fits exactly: the bound says maybe, the check says yes
+    service.max_response_bytes = size  # fits exactly: the bound says maybe, the check says yes
     assert service.session_persist_answer(1, handle, 3).handle.to_sqn == handle.to_sqn
-    service._max_response_bytes = size - 1
+    service.max_response_bytes = size - 1
     with pytest.raises(SqnOutOfRange, match="more than a message may carry"):
         service.session_persist_answer(1, handle, 3)
     with pytest.raises(SqnOutOfRange):

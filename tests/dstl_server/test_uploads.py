@@ -17,17 +17,13 @@ import pytest
 from dstl_client.core.errors import ShuttingDown, SqnOutOfRange, UploadFailed
 from dstl_client.core.format import Changeset, pack_changes, parse_kg_block, parse_log_header
 from dstl_client.core.handle import HandleEntry
+from dstl_server.batching import BULK_SECTION_BYTES, FORGET_AFTER_MISSES, BatchingScheduler
 from dstl_server.forwarder import ForwardedSection
 from dstl_server.log import PART_OVERHEAD_BYTES, WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.throttle import MemoryBudget
-from dstl_server.uploads import (
-    BULK_SECTION_BYTES,
-    FORGET_AFTER_MISSES,
-    BatchingScheduler,
-    Uploads,
-    UploadTask,
-)
+from dstl_server.upload_task import UploadTask
+from dstl_server.uploads import Uploads
 from tests.fakes import MemoryUploader, sample, settings, settle
 
 # ---------------------------------------------------------------- lifecycle

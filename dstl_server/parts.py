@@ -1,0 +1,54 @@
+"""What a writer call carries, and what the memory budget charges for it.
+
+A call's changes come as key-group parts (:class:`ChangePart`); the budget
+charges each part its bytes plus :data:`PART_OVERHEAD_BYTES`, when it is
+admitted (:func:`charge_of`) and when it is appended and later freed
+(:func:`held_bytes`), so the two counts agree exactly. Pure; any thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from dstl_client.core.format import Changeset
+
+#: what the sidecar holds per appended key-group part beyond its bytes (the
+#: part object, its two bytes objects and its list/dict slots), charged to the
+#: memory budget so that many tiny parts cannot hold memory the budget misses
+PART_OVERHEAD_BYTES = 256
+
+
+class ChangePart(Protocol):
+    """One key group's changes as a call carries them (``dstl.v1.KeyGroupChanges``).
+
+    ``sizes`` holds ``count`` little-endian u32 lengths, ``payload`` the
+    changes back to back: the on-disk encoding, never split into changes.
+    """
+
+    @property
+    def key_group(self) -> int: ...
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def sizes(self) -> bytes: ...
+
+    @property
+    def payload(self) -> bytes: ...
+
+
+def held_bytes(changeset: Changeset) -> int:
+    """Bytes the budget charges for a changeset: data plus per-part overhead."""
+    return changeset.nbytes + PART_OVERHEAD_BYTES * changeset.nparts
+
+
+def charge_of(parts: Sequence[ChangePart]) -> int:
+    """What the budget charges for a call's parts: their bytes plus per-part overhead.
+
+    The same as the registry charges when it appends them, so a call admitted
+    with :meth:`~dstl_server.throttle.MemoryBudget.admitted` turns its hold
+    into ``used`` exactly.
+    """
+    return sum(len(p.sizes) + len(p.payload) + PART_OVERHEAD_BYTES for p in parts)
