@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dstl_client.client import ChangelogClient, ChangelogWriter
+from dstl_client.client import ChangelogClient
 from dstl_client.core.errors import ConfigError, DstlError
 
 if TYPE_CHECKING:
@@ -79,6 +79,8 @@ def close_log(client: ChangelogClient, job_id: str, log_id: str) -> bool:
     already, or held by another node's sidecar) is not an error.
     """
     with contextlib.suppress(DstlError):
-        ChangelogWriter(client, job_id, log_id, (0, 0), 1).close()
+        client.open_writer(
+            job_id=job_id, log_id=log_id, key_group_range=(0, 0), max_change_bytes=1
+        ).close()
         return True
     return False
