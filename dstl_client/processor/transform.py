@@ -36,6 +36,7 @@ from dstl_client.coordinator.messages import BatchPlan
 from dstl_client.coordinator.state_schemas import OperatorSchemas, declared_of
 from dstl_client.core.errors import ConfigError, InvalidArgument
 from dstl_client.extras import require_spark
+from dstl_client.keywords import check_keywords
 from dstl_client.processor.api import time_mode_of
 from dstl_client.processor.codec import RowCodec
 from dstl_client.processor.conf import merged_options
@@ -141,13 +142,7 @@ def transform_with_state(
 
     from dstl_client.bounded import process_bounded, sorted_mode  # here: an import cycle
 
-    known = {f.name for f in dataclasses.fields(KeyedOptions)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise TypeError(
-            f"transform_with_state() got unexpected keyword arguments {unknown}; "
-            f"the query's options are {sorted(known)}"
-        )
+    check_keywords("transform_with_state", options, KeyedOptions)
     mode = _time_mode(time_mode)
     found = _upstream(data, key)
     upstream = None if found is None else found[0]

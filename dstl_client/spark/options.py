@@ -44,6 +44,7 @@ from dstl_client.coordinator.config import (
 from dstl_client.core.durations import parse_duration
 from dstl_client.core.errors import ConfigError
 from dstl_client.keygroups import check_parallelism
+from dstl_client.keywords import check_keywords
 
 #: keywords of earlier versions, and what became of them
 _REMOVED = {
@@ -109,15 +110,7 @@ class KeyedOptions(CheckpointSettings):
         Raises :class:`TypeError` naming an unknown keyword. ``None`` for a
         text setting whose default is ``""`` means the default.
         """
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(keywords) - names)
-        if unknown:
-            hints = "; ".join(f"{k}: {_REMOVED[k]}" for k in unknown if k in _REMOVED)
-            raise TypeError(
-                f"process_keyed() got unexpected keyword arguments {unknown}"
-                + (f" ({hints})" if hints else "")
-                + f"; the options are {sorted(names)}"
-            )
+        check_keywords("process_keyed", keywords, cls, hints=_REMOVED)
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {
             k: ("" if v is None and defaults.get(k) == "" else v) for k, v in keywords.items()
