@@ -136,7 +136,9 @@ def _ttl(raw: str) -> float:
         "(seconds, or a number with s, m, h or d: 3600, 12h, 30d)"
     )
     try:
-        seconds = parse_duration(raw, bare_unit="s", what="--ttl").seconds
+        seconds = parse_duration(
+            raw, bare_unit="s", units=("s", "m", "h", "d"), what="--ttl"
+        ).seconds
     except InvalidArgument:
         raise refused from None
     if not 0 < seconds <= MAX_TTL_S:

@@ -80,5 +80,6 @@ def test_the_cli_and_the_sidecar_read_durations_the_same_way() -> None:
         millis("checkpointInterval", "soon")
     assert _ttl("12h") == 43_200.0
     assert _ttl("3600") == 3600.0
-    with pytest.raises(argparse.ArgumentTypeError, match="--ttl='forever'"):
-        _ttl("forever")
+    for bad in ("forever", "1w", "0"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"--ttl='{bad}'"):
+            _ttl(bad)
