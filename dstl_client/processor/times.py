@@ -37,6 +37,7 @@ from dstl_client.spark.query import source_progress
 
 NO_TIME = -1
 
+
 def parse_duration_ms(text: str) -> int:
     """A Spark interval string (``"10 seconds"``, ``"1 minute 30 seconds"``, ``"500 ms"``) in
     whole ms; a unit is required (:mod:`dstl_client.core.durations`)."""
