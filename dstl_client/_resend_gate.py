@@ -11,7 +11,7 @@ size), and while any call of the client is pushed back (refused with
 at a time, in line. A call holds its turn until it settles; a persist,
 whose answer waits for its upload, at most :data:`PROBE_HOLD_S` (that it
 was not refused at once is what counts). A refused call waits its jittered
-pause (:func:`dstl_client._stream.retry_delay`) and gets in line again:
+pause (:func:`dstl_client.transport.retry_delay`) and gets in line again:
 the first writer back probes the budget, the others wait on the client,
 holding nothing on the sidecar.
 

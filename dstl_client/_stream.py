@@ -1,6 +1,7 @@
 """One writer's ``Session`` stream on the client: requests in call order, answers by id.
 
-The default transport of :class:`~dstl_client.writer.ChangelogWriter` for
+:class:`StreamTransport`, the default transport of
+:class:`~dstl_client.writer.ChangelogWriter` for
 ``Append``, ``LastAppendedSqn``, ``PersistDurably`` and ``Truncate``: one
 long-lived bidirectional gRPC stream per writer, opened at the writer's first
 such call. The sidecar applies a stream's requests in the order they were
@@ -21,7 +22,8 @@ call if it is not failed by then.
 sidecar applied neither the refused request nor any later one of that gRPC
 call (it refuses them all), so the stream sends them again, in order, on a
 new gRPC call after a pause (jittered, doubling from
-:data:`RETRY_FIRST_DELAY_S` up to :data:`RETRY_MAX_DELAY_S`); their futures
+:data:`~dstl_client.transport.RETRY_FIRST_DELAY_S` up to
+:data:`~dstl_client.transport.RETRY_MAX_DELAY_S`); their futures
 stay the same and the caller only sees the delay. The old call is
 half-closed and still delivers the answers of the requests before the
 refused one. The sidecar decides when it has been too long (a plain
@@ -34,15 +36,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import queue
-import random
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import grpc
 
+from dstl_client._buffer import ChangeBuffer
 from dstl_client._status import to_dstl_error
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import (
@@ -51,24 +52,13 @@ from dstl_client.core.errors import (
     SidecarUnavailable,
     error_class_for_kind,
 )
-
-if TYPE_CHECKING:
-    from dstl_client.client import ChangelogClient
-
-#: first pause before a refused request is sent again; it doubles up to the maximum
-RETRY_FIRST_DELAY_S = 0.02
-RETRY_MAX_DELAY_S = 1.0
+from dstl_client.core.handle import ChangelogHandle
+from dstl_client.transport import Connection, WriterCalls, retry_delay
 
 
 def error_of(error: pb.SessionError) -> DstlError:
     """The typed error a refused stream request stands for (as its unary call's status)."""
     return error_class_for_kind(error.kind)(error.message or error.code or "refused")
-
-
-def retry_delay(attempt: int) -> float:
-    """The pause before resend number ``attempt`` (1, 2...): full jitter, doubling, capped."""
-    cap = min(RETRY_MAX_DELAY_S, RETRY_FIRST_DELAY_S * 2.0 ** min(attempt - 1, 16))
-    return cap * random.uniform(0.5, 1.0)
 
 
 @dataclass(slots=True)
@@ -82,13 +72,13 @@ class _Entry:
 class _Leg:
     """One gRPC ``Session`` call of the stream."""
 
-    def __init__(self, client: ChangelogClient) -> None:
+    def __init__(self, conn: Connection) -> None:
         self.requests: queue.SimpleQueue[pb.SessionRequest | None] = queue.SimpleQueue()
         #: unanswered requests by id, in the order sent
         self.pending: dict[int, _Entry] = {}
         #: ids moved to a later leg: their refusals here are expected and ignored
         self.moved: set[int] = set()
-        self.call = client._stub.Session(self._outgoing(), metadata=client._metadata)
+        self.call = conn.open_session(self._outgoing())
 
     def _outgoing(self) -> Iterator[pb.SessionRequest]:
         """The requests, as gRPC's sending thread takes them; ``None`` half-closes."""
@@ -109,11 +99,11 @@ class WriterStream:
     a resend waits for its pause, new requests queue behind it.
     """
 
-    def __init__(self, client: ChangelogClient, log_id: str) -> None:
-        self._client = client
-        self._target = client.target
+    def __init__(self, conn: Connection, log_id: str) -> None:
+        self._conn = conn
+        self._target = conn.target
         self._name = f"dstl-stream-{log_id[:12]}"
-        self.retry_limit_s = client.timeout_s
+        self.retry_limit_s = conn.timeout_s
         self._lock = threading.Lock()
         self._last_id = 0
         self.broken: DstlError | None = None
@@ -131,7 +121,7 @@ class WriterStream:
 
     def _open_leg(self) -> _Leg:
         """A new gRPC call and its reader thread (under the lock, or in ``__init__``)."""
-        leg = _Leg(self._client)
+        leg = _Leg(self._conn)
         self._legs.add(leg)
         reader = threading.Thread(target=self._read, args=(leg,), name=self._name, daemon=True)
         self._readers.add(reader)
@@ -296,3 +286,70 @@ class WriterStream:
             entry.future.set_exception(self.broken or error)
         for leg in legs:
             leg.call.cancel()
+
+
+class StreamTransport(WriterCalls):
+    """A writer's calls on its own :class:`WriterStream`, opened at the first call.
+
+    Called under the writer's lock (one call at a time, in call order): a
+    stream that ended is replaced by a new one at the next call. Blocking
+    calls wait for their answer up to the connection's ``timeout_s``.
+    """
+
+    name = "stream"
+
+    def __init__(self, conn: Connection, log_id: str) -> None:
+        super().__init__(conn, log_id)
+        self._stream: WriterStream | None = None
+
+    def _open(self) -> WriterStream:
+        """The writer's stream; a new one if it has none or it ended."""
+        stream = self._stream
+        if stream is None or stream.broken is not None:
+            stream = self._stream = WriterStream(self.conn, self.log_id)
+        return stream
+
+    def _call(self, request: pb.SessionRequest) -> pb.SessionResponse:
+        return self._open().call(request, self.conn.timeout_s)
+
+    def append(self, seq: int, buffer: ChangeBuffer) -> int:
+        request = pb.SessionRequest()
+        request.append.log_id = self.log_id
+        buffer.drain_into(request.append.changes)
+        return int(self._call(request).sqn)
+
+    def last_appended_sqn(self, seq: int) -> int:
+        request = pb.SessionRequest()
+        request.last_appended_sqn.CopyFrom(pb.LastAppendedSqnRequest(log_id=self.log_id))
+        return int(self._call(request).sqn)
+
+    def persist(
+        self, seq: int, after: int, buffer: ChangeBuffer
+    ) -> concurrent.futures.Future[ChangelogHandle]:
+        request = pb.SessionRequest()
+        persist = request.persist
+        persist.log_id = self.log_id
+        persist.after = after
+        buffer.drain_into(persist.changes)
+        answer = self._open().submit(request)
+        handle: concurrent.futures.Future[ChangelogHandle] = concurrent.futures.Future()
+
+        def settle(done: concurrent.futures.Future[pb.SessionResponse]) -> None:
+            try:
+                handle.set_result(ChangelogHandle.from_proto(done.result().handle))
+            except BaseException as exc:  # a refusal, a lost stream, a bad handle
+                handle.set_exception(exc)
+
+        answer.add_done_callback(settle)
+        return handle
+
+    def truncate(self, seq: int, before: int) -> None:
+        request = pb.SessionRequest()
+        request.truncate.CopyFrom(pb.TruncateRequest(log_id=self.log_id, before=before))
+        self._call(request)
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()  # answers still due arrive; then it ends
+            self._stream = None
+        self.close_writer()

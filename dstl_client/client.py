@@ -15,22 +15,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
-
-import grpc
 
 from dstl_client._resend_gate import ResendGate
-from dstl_client._status import channel_options, credentials_and_metadata, to_dstl_error
+from dstl_client._stream import StreamTransport
+from dstl_client._unary import UnaryTransport
 from dstl_client.core._pb import dstl_pb2 as pb
-from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
-from dstl_client.core.errors import (
-    ConfigError,
-    InvalidArgument,
-    SidecarUnavailable,
-)
+from dstl_client.core.errors import ConfigError, InvalidArgument
 from dstl_client.core.format import ChangesetView, split_changes
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.objects import ObjectInfo
+from dstl_client.transport import Connection, WriterTransport
 from dstl_client.writer import REQUEST_MARGIN_BYTES, ChangelogWriter
 
 __all__ = ["REQUEST_MARGIN_BYTES", "ChangelogClient", "ChangelogWriter"]
@@ -93,38 +87,61 @@ class ChangelogClient:
         self.batch_bytes = batch_bytes
         self.max_message_bytes = max_message_bytes
         self.transport = transport
-        creds, self._metadata = credentials_and_metadata(token, root_certificates)
-        options = channel_options(max_message_bytes)
-        if creds is None:
-            self._channel = grpc.insecure_channel(target, options=options)
-        else:
-            self._channel = grpc.secure_channel(target, creds, options=options)
-        self._stub = pb_grpc.ChangelogStub(self._channel)  # type: ignore[no-untyped-call]
+        self._conn = Connection(
+            target,
+            token=token,
+            root_certificates=root_certificates,
+            timeout_s=timeout_s,
+            max_message_bytes=max_message_bytes,
+        )
         self.server_epoch: str | None = None
         #: its writers' unary calls that carry changes: a bounded window, one at a time
         #: while any is pushed back by a full memory budget (see dstl_client._resend_gate)
         self._resend_gate = ResendGate()
 
     # ------------------------------------------------------------------ calls
-    def _call(self, method: Any, request: Any) -> Any:
-        try:
-            return method(request, timeout=self.timeout_s, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise to_dstl_error(exc, self.target) from None
+    def _writer_transport(self, log_id: str) -> WriterTransport:
+        """How a new writer's calls reach the sidecar (the ``transport`` setting)."""
+        if self.transport == "unary":
+            return UnaryTransport(self._conn, log_id, self._resend_gate)
+        return StreamTransport(self._conn, log_id)
 
     def create_writer(
         self, *, job_id: str, operator_id: str, key_group_range: tuple[int, int]
     ) -> ChangelogWriter:
         """Register a writer for one subtask's key-group range (inclusive)."""
         first, last = key_group_range
-        resp = self._call(
-            self._stub.CreateWriter,
+        resp = self._conn.call(
+            self._conn.stub.CreateWriter,
             pb.CreateWriterRequest(
                 job_id=job_id, operator_id=operator_id, first_key_group=first, last_key_group=last
             ),
         )
         self.server_epoch = resp.server_epoch
-        return ChangelogWriter(self, job_id, resp.log_id, (first, last), resp.max_change_bytes)
+        return self.open_writer(
+            job_id=job_id,
+            log_id=resp.log_id,
+            key_group_range=(first, last),
+            max_change_bytes=resp.max_change_bytes,
+        )
+
+    def open_writer(
+        self, *, job_id: str, log_id: str, key_group_range: tuple[int, int], max_change_bytes: int
+    ) -> ChangelogWriter:
+        """A writer for a log the sidecar already has (by its log id); makes no call.
+
+        ``max_change_bytes`` is the sidecar's limit as :meth:`create_writer`
+        got it (the writer refuses larger changes before sending them).
+        """
+        return ChangelogWriter(
+            self._writer_transport(log_id),
+            job_id,
+            log_id,
+            key_group_range,
+            max_change_bytes,
+            batch_bytes=self.batch_bytes,
+            max_message_bytes=self.max_message_bytes,
+        )
 
     def read_changesets(
         self, handle: ChangelogHandle, key_groups: Iterable[int] | None = None
@@ -140,15 +157,12 @@ class ChangelogClient:
             batched=True,
             max_message_bytes=min(self.max_message_bytes, 0xFFFF_FFFF),
         )
-        try:
-            for msg in self._stub.ReadChanges(req, timeout=self.timeout_s, metadata=self._metadata):
-                if msg.changesets:
-                    for cs in msg.changesets:
-                        yield ChangesetView(cs.key_group, cs.sqn, cs.count, cs.sizes, cs.payload)
-                else:
-                    yield ChangesetView(msg.key_group, msg.sqn, msg.count, msg.sizes, msg.payload)
-        except grpc.RpcError as exc:
-            raise to_dstl_error(exc, self.target) from None
+        for msg in self._conn.read_stream(self._conn.stub.ReadChanges, req):
+            if msg.changesets:
+                for cs in msg.changesets:
+                    yield ChangesetView(cs.key_group, cs.sqn, cs.count, cs.sizes, cs.payload)
+            else:
+                yield ChangesetView(msg.key_group, msg.sqn, msg.count, msg.sizes, msg.payload)
 
     def read_changes(
         self, handle: ChangelogHandle, key_groups: Iterable[int] | None = None
@@ -160,8 +174,8 @@ class ChangelogClient:
 
     def discard_objects(self, job_id: str, object_keys: Sequence[str]) -> int:
         """Delete objects of ``job_id`` that no retained checkpoint refers to."""
-        resp = self._call(
-            self._stub.DiscardObjects,
+        resp = self._conn.call(
+            self._conn.stub.DiscardObjects,
             pb.DiscardObjectsRequest(job_id=job_id, object_keys=list(object_keys)),
         )
         return int(resp.deleted)
@@ -179,8 +193,8 @@ class ChangelogClient:
             raise InvalidArgument(f"page_size={page_size}: must be >= 1")
         token = ""
         while True:
-            resp = self._call(
-                self._stub.ListObjects,
+            resp = self._conn.call(
+                self._conn.stub.ListObjects,
                 pb.ListObjectsRequest(
                     job_id=job_id, page_size=min(page_size, 0xFFFFFFFF), page_token=token
                 ),
@@ -193,16 +207,10 @@ class ChangelogClient:
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:
         """Block until the channel connects (raises SidecarUnavailable)."""
-
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
-        except grpc.FutureTimeoutError:
-            raise SidecarUnavailable(
-                f"no sidecar answered at {self.target} in {timeout_s}s"
-            ) from None
+        self._conn.wait_ready(timeout_s)
 
     def close(self) -> None:
-        self._channel.close()
+        self._conn.close()
 
     def __enter__(self) -> ChangelogClient:
         return self

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
-from dstl_client.client import ChangelogClient, ChangelogWriter
+from dstl_client.client import ChangelogClient
 from dstl_client.core.errors import DstlError
 
 
@@ -18,6 +18,8 @@ def close_log(client: ChangelogClient, job_id: str, log_id: str) -> bool:
     already, or held by another node's sidecar) is not an error.
     """
     with contextlib.suppress(DstlError):
-        ChangelogWriter(client, job_id, log_id, (0, 0), 1).close()
+        client.open_writer(
+            job_id=job_id, log_id=log_id, key_group_range=(0, 0), max_change_bytes=1
+        ).close()
         return True
     return False

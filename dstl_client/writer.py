@@ -7,22 +7,13 @@ class docstring for the call-order, batching and sticky-failure rules.
 from __future__ import annotations
 
 import concurrent.futures
-import secrets
 import threading
-import time
 from array import array
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
-
-import grpc
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from dstl_client._buffer import PART_FRAMING_BYTES, ChangeBuffer
-from dstl_client._resend_gate import PROBE_HOLD_S, GatePass
-from dstl_client._status import to_dstl_error
-from dstl_client._stream import WriterStream, retry_delay
-from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import (
-    BudgetFull,
     CallLost,
     ChangeTooLarge,
     DstlError,
@@ -35,9 +26,9 @@ from dstl_client.core.errors import (
 )
 from dstl_client.core.format import MAX_PARTS_PER_REQUEST
 from dstl_client.core.handle import ChangelogHandle
+from dstl_client.transport import WriterTransport
 
-if TYPE_CHECKING:
-    from dstl_client.client import ChangelogClient
+T = TypeVar("T")
 
 #: room kept in every request for its fields besides the changes (log id, SQN,
 #: session, seq): the changes of one request are at most ``max_message_bytes``
@@ -50,10 +41,12 @@ class ChangelogWriter:
 
     Appends are buffered and sent in batches (``batch_bytes``); every other
     call sends the buffer first, so the sidecar sees changes in call order.
-    Calls go on the writer's own ``Session`` stream (opened at its first call,
-    see :mod:`dstl_client._stream`) unless the client's ``transport`` is
-    ``"unary"``; the rules below are the same for both: a request waiting on
-    a stream that ends fails as a lost unary call does.
+    Calls go through the :class:`~dstl_client.transport.WriterTransport` the
+    client built for the writer: its own ``Session`` stream (opened at its
+    first call, see :mod:`dstl_client._stream`) unless the client's
+    ``transport`` is ``"unary"`` (:mod:`dstl_client._unary`); the writer calls
+    it under its lock. The rules below are the same for both: a request
+    waiting on a stream that ends fails as a lost unary call does.
     Bad input (key group outside the range, a change over the limit) raises
     at ``append``, before anything is buffered.
 
@@ -91,25 +84,29 @@ class ChangelogWriter:
 
     def __init__(
         self,
-        client: ChangelogClient,
+        transport: WriterTransport,
         job_id: str,
         log_id: str,
         key_group_range: tuple[int, int],
         max_change_bytes: int,
+        *,
+        batch_bytes: int,
+        max_message_bytes: int,
     ) -> None:
-        self.client = client
+        #: how the calls reach the sidecar (built by the client: stream or unary)
+        self.transport = transport
         self.job_id = job_id
         self.log_id = log_id
         self.key_group_range = key_group_range
+        self.batch_bytes = batch_bytes
         # bytes of changes one request may carry, and the room left before an add
-        capacity = client.max_message_bytes - REQUEST_MARGIN_BYTES
+        capacity = max_message_bytes - REQUEST_MARGIN_BYTES
         self._room = capacity - PART_FRAMING_BYTES - 4
         #: largest single change accepted: the sidecar's limit, or what fits in a request
         self.max_change_bytes = min(max_change_bytes, self._room)
         self._buffer = ChangeBuffer(key_group_range, self.max_change_bytes)
         self._lock = threading.Lock()
-        # numbers the calls that change the log, within a random session (see the proto)
-        self._session = secrets.randbits(63) | 1
+        # numbers the calls that change the log (a failure's place in the call order)
         self._seq = 0
         self._closed = False
         self.last_sqn: int | None = None
@@ -122,9 +119,6 @@ class ChangelogWriter:
         # resolved once the outcome of the latest persist is settled: a persist's
         # handle is delivered only after every earlier persist's outcome is known
         self._last_persist: concurrent.futures.Future[None] | None = None
-        # the Session stream (client transport "stream"), opened at the first call
-        self._use_stream = client.transport == "stream"
-        self._stream: WriterStream | None = None
 
     @property
     def failed(self) -> DstlError | None:
@@ -163,7 +157,7 @@ class ChangelogWriter:
             if buf.count and buf.nbytes + buf.framing + len(data) > self._room:
                 self._send_locked()  # the request would outgrow max_message_bytes
             buf.add(key_group, data)
-            if buf.nbytes >= self.client.batch_bytes or buf.parts >= MAX_PARTS_PER_REQUEST:
+            if buf.nbytes >= self.batch_bytes or buf.parts >= MAX_PARTS_PER_REQUEST:
                 self._send_locked()
 
     def append_many(self, changes: Iterable[tuple[int, bytes]]) -> None:
@@ -172,7 +166,7 @@ class ChangelogWriter:
         Changes are checked one by one: on bad input, those before it stay buffered.
         """
         buf = self._buffer
-        limit = self.client.batch_bytes
+        limit = self.batch_bytes
         room = self._room
         with self._lock:
             self._check_open()
@@ -210,7 +204,7 @@ class ChangelogWriter:
             buf.check(key_group, max(sizes))
             if type(payload) is not bytes:  # kept by reference until sent
                 payload = bytes(payload)
-            limit = self.client.batch_bytes
+            limit = self.batch_bytes
             room = self._room
             start = 0
             offset = 0
@@ -235,77 +229,23 @@ class ChangelogWriter:
         self._seq += 1
         return self._seq
 
-    def _open_stream(self) -> WriterStream:
-        """The writer's stream; a new one if it has none or it ended (under the lock)."""
-        stream = self._stream
-        if stream is None or stream.broken is not None:
-            stream = self._stream = WriterStream(self.client, self.log_id)
-        return stream
-
-    def _on_stream(self, request: pb.SessionRequest) -> pb.SessionResponse:
-        """Send ``request`` on the stream and wait for its answer (under the lock)."""
-        return self._open_stream().call(request, self.client.timeout_s)
-
     def _send_locked(self) -> None:
         if not self._buffer.count:
             return
         seq = self._next_seq()
         try:
-            if self._use_stream:
-                request = pb.SessionRequest()
-                request.append.log_id = self.log_id
-                self._buffer.drain_into(request.append.changes)
-                resp: Any = self._on_stream(request)
-            else:
-                unary = pb.AppendRequest(log_id=self.log_id, session=self._session, seq=seq)
-                self._buffer.drain_into(unary.changes)
-                resp = self._unary_with_retry(self.client._stub.Append, unary)
+            sqn = self.transport.append(seq, self._buffer)
         except BaseException as exc:
             # append() returned for these changes; they may be lost: fail for good
             self._fail(exc, seq)
             raise
-        self.last_sqn = int(resp.sqn)
+        self.last_sqn = sqn
 
-    def _unary_with_retry(self, method: Any, request: Any) -> Any:
-        """A unary call that carries changes, sent again (same ``seq``) while refused
-        for a full budget (:class:`BudgetFull`: not applied, its turn not taken), after a
-        pause and its turn at the client's gate, for at most the client's ``timeout_s``;
-        then the refusal is raised."""
-        gate = self.client._resend_gate
-        ticket = GatePass()
-        nbytes = request.ByteSize()
-        deadline = time.monotonic() + self.client.timeout_s
-        refusal: BudgetFull | None = None
-        attempt = 0
-        try:
-            while True:
-                if not gate.enter(ticket, nbytes, deadline):
-                    raise refusal or _not_sent(self.client.timeout_s)
-                try:
-                    return self.client._call(method, request)
-                except BudgetFull as exc:
-                    gate.refused(ticket)
-                    refusal = exc
-                    attempt += 1
-                    delay = retry_delay(attempt)
-                    if time.monotonic() + delay >= deadline:
-                        raise
-                    time.sleep(delay)
-        finally:
-            gate.settled(ticket)
-
-    def _call_ordered(self, call: str, method: Any, request_type: Any, **fields: Any) -> Any:
+    def _call_ordered(self, call: Callable[[int], T]) -> T:
         """A call without changes; one whose outcome is unknown fails the writer."""
         seq = self._next_seq()
         try:
-            if self._use_stream:
-                request = pb.SessionRequest()
-                getattr(request, call).CopyFrom(request_type(log_id=self.log_id, **fields))
-                return self._on_stream(request)
-            return self.client._call(
-                method,
-                request_type(log_id=self.log_id, session=self._session, seq=seq, **fields),
-            )
+            return call(seq)
         except BaseException as exc:
             if _outcome_unknown(exc):
                 self._fail(exc, seq)
@@ -322,10 +262,7 @@ class ChangelogWriter:
         with self._lock:
             self._check_open()
             self._send_locked()
-            resp = self._call_ordered(
-                "last_appended_sqn", self.client._stub.LastAppendedSqn, pb.LastAppendedSqnRequest
-            )
-            return int(resp.sqn)
+            return self._call_ordered(self.transport.last_appended_sqn)
 
     def persist_durably(self, after: int) -> concurrent.futures.Future[ChangelogHandle]:
         """Future of the handle of every change with SQN >= ``after``.
@@ -344,19 +281,7 @@ class ChangelogWriter:
             changes = self._buffer.count > 0
             previous, self._last_persist = self._last_persist, settled
             try:
-                if self._use_stream:
-                    request = pb.SessionRequest()
-                    persist = request.persist
-                    persist.log_id = self.log_id
-                    persist.after = after
-                    self._buffer.drain_into(persist.changes)
-                    call: Any = self._open_stream().submit(request)
-                else:
-                    unary = pb.PersistRequest(
-                        log_id=self.log_id, after=after, session=self._session, seq=seq
-                    )
-                    self._buffer.drain_into(unary.changes)
-                    call = _RetriedPersist(self.client, unary)
+                call = self.transport.persist(seq, after, self._buffer)
             except BaseException as exc:  # e.g. the channel is closed
                 if changes:
                     self._fail(exc, seq)
@@ -377,13 +302,11 @@ class ChangelogWriter:
             finally:
                 settled.set_result(None)
 
-        def done(f: Any) -> None:
+        def done(f: concurrent.futures.Future[ChangelogHandle]) -> None:
             outcome: ChangelogHandle | BaseException
             try:
-                outcome = ChangelogHandle.from_proto(f.result().handle)
-            except grpc.RpcError as exc:  # unary
-                outcome = to_dstl_error(exc, self.client.target)
-            except BaseException as exc:  # a refusal on the stream, a bad handle...
+                outcome = f.result()
+            except BaseException as exc:  # a typed refusal, a lost call, a bad handle...
                 outcome = exc
             if isinstance(outcome, BaseException) and (
                 (changes and not isinstance(outcome, UploadFailed))
@@ -403,9 +326,7 @@ class ChangelogWriter:
         with self._lock:
             self._check_open()
             self._send_locked()
-            self._call_ordered(
-                "truncate", self.client._stub.Truncate, pb.TruncateRequest, before=before
-            )
+            self._call_ordered(lambda seq: self.transport.truncate(seq, before))
 
     def close(self) -> None:
         """No more appends; buffered and unpersisted changes are dropped.
@@ -417,13 +338,8 @@ class ChangelogWriter:
                 return
             self._closed = True
             self._buffer.drain()
-            if self._stream is not None:
-                self._stream.close()  # answers still due arrive; then it ends
-                self._stream = None
             try:
-                self.client._call(
-                    self.client._stub.CloseWriter, pb.CloseWriterRequest(log_id=self.log_id)
-                )
+                self.transport.close()
             except WriterFailed:
                 pass
             except Exception:  # a DstlError, or the client's channel is closed
@@ -435,96 +351,6 @@ class ChangelogWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _RetriedPersist:
-    """A unary ``PersistDurably`` sent again (same ``seq``) while refused for a full budget.
-
-    Looks like the gRPC future the writer would otherwise hold: one
-    ``add_done_callback`` (called with this object once the outcome is
-    final) and ``result()`` (the response, or the final call's error).
-    Each send takes its turn at the client's gate (the first from the
-    caller's thread, resends from a timer thread after their pause), for at
-    most the client's ``timeout_s`` from the first send.
-    """
-
-    def __init__(self, client: ChangelogClient, request: pb.PersistRequest) -> None:
-        self._client = client
-        self._request = request
-        self._deadline = time.monotonic() + client.timeout_s
-        self._ticket = GatePass(PROBE_HOLD_S)
-        self._nbytes = request.ByteSize()
-        self._attempt = 0
-        self._refusal: BudgetFull | None = None
-        self._callback: Any = None
-        self._final: Any = None
-        self._error: BaseException | None = None
-        self._lock = threading.Lock()
-        self._send()
-
-    def _send(self) -> None:
-        # a persist without changes costs the sidecar nothing: it need not wait its turn
-        if self._request.changes and not self._client._resend_gate.enter(
-            self._ticket, self._nbytes, self._deadline
-        ):
-            self._finish(None, self._refusal or _not_sent(self._client.timeout_s))
-            return
-        try:
-            call = self._client._stub.PersistDurably.future(
-                self._request, metadata=self._client._metadata
-            )
-        except BaseException as exc:  # e.g. the channel is closed
-            self._client._resend_gate.settled(self._ticket)
-            if self._attempt == 0:
-                raise  # the caller's thread: persist_durably raises it
-            self._finish(None, exc)
-            return
-        call.add_done_callback(self._done)
-
-    def _done(self, call: Any) -> None:
-        gate = self._client._resend_gate
-        exc = call.exception()
-        if isinstance(exc, grpc.RpcError):
-            refusal = to_dstl_error(exc, self._client.target)
-            if isinstance(refusal, BudgetFull):
-                gate.refused(self._ticket)
-                self._refusal = refusal
-                self._attempt += 1
-                delay = retry_delay(self._attempt)
-                if time.monotonic() + delay < self._deadline:
-                    timer = threading.Timer(delay, self._send)
-                    timer.daemon = True
-                    timer.start()
-                    return
-        self._finish(call, None)
-
-    def _finish(self, call: Any, error: BaseException | None) -> None:
-        self._client._resend_gate.settled(self._ticket)
-        with self._lock:
-            self._final = call
-            self._error = error
-            callback = self._callback
-        if callback is not None:
-            callback(self)
-
-    def add_done_callback(self, callback: Any) -> None:
-        with self._lock:
-            done = self._final is not None or self._error is not None
-            self._callback = callback
-        if done:
-            callback(self)
-
-    def result(self) -> Any:
-        if self._error is not None:
-            raise self._error
-        return self._final.result()
-
-
-def _not_sent(timeout_s: float) -> BudgetFull:
-    return BudgetFull(
-        f"not sent within {timeout_s:g}s: the client's calls were pushed back by the "
-        "sidecar's full memory budget all that time (nothing was applied)"
-    )
 
 
 def _fit(sizes: array[int], start: int, free: int) -> tuple[int, int]:

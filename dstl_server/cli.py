@@ -122,20 +122,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_TTL = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*")
-_TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 #: the longest --ttl (a token's expiry must fit its 12 digits with room to spare)
 MAX_TTL_S = 100 * 365 * 86400
 
 
 def _ttl(raw: str) -> float:
-    m = _TTL.fullmatch(raw)
-    seconds = float(m.group(1)) * _TTL_UNITS[m.group(2)] if m else 0.0
+    # not at module level: a health probe imports no dstl_client (and no grpcio) at all
+    from dstl_client.core.durations import parse_duration
+    from dstl_client.core.errors import InvalidArgument
+
+    refused = argparse.ArgumentTypeError(
+        f"--ttl={raw!r}: expected a duration above 0 and at most 100 years "
+        "(seconds, or a number with s, m, h or d: 3600, 12h, 30d)"
+    )
+    try:
+        seconds = parse_duration(
+            raw, bare_unit="s", units=("s", "m", "h", "d"), what="--ttl"
+        ).seconds
+    except InvalidArgument:
+        raise refused from None
     if not 0 < seconds <= MAX_TTL_S:
-        raise argparse.ArgumentTypeError(
-            f"--ttl={raw!r}: expected a duration above 0 and at most 100 years "
-            "(seconds, or a number with s, m, h or d: 3600, 12h, 30d)"
-        )
+        raise refused
     return seconds
 
 

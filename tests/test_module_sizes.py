@@ -32,10 +32,8 @@ EXCEPTIONS: dict[str, str] = {
         "generated from it), its cross-field validation and the one parser of flag and "
         "environment values; splitting it would split the one list of settings"
     ),
-    "dstl_client/writer.py": _PENDING,
     "dstl_client/coordinator/rest.py": _PENDING,
     "dstl_client/coordinator/coordinator.py": _PENDING,
-    "dstl_client/coordinator/metadata.py": _PENDING,
 }
 
 

@@ -41,8 +41,10 @@ from dstl_client.coordinator.config import (
     spark_location,
     url_scheme,
 )
+from dstl_client.core.durations import parse_duration
 from dstl_client.core.errors import ConfigError
 from dstl_client.keygroups import check_parallelism
+from dstl_client.keywords import check_keywords
 
 #: keywords of earlier versions, and what became of them
 _REMOVED = {
@@ -68,39 +70,6 @@ def default_job_id(checkpoint_dir: str) -> str:
     name = where.rstrip("/").rsplit("/", 1)[-1]
     base = re.sub(r"[^A-Za-z0-9._-]", "-", name).strip("-.") or "job"
     return f"{base[:100]}-{zlib.crc32(where.encode()):08x}"
-
-
-_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
-_UNITS = {
-    "": 0.001,
-    "ms": 0.001,
-    "millisecond": 0.001,
-    "milliseconds": 0.001,
-    "s": 1.0,
-    "second": 1.0,
-    "seconds": 1.0,
-    "min": 60.0,
-    "minute": 60.0,
-    "minutes": 60.0,
-    "h": 3600.0,
-    "hour": 3600.0,
-    "hours": 3600.0,
-}
-
-
-def interval_seconds(value: object) -> float:
-    """Seconds of a Spark ``processingTime`` (``"5 seconds"``, ``"500 ms"``, ms as a number).
-
-    ``0.0`` for what it cannot read (the interval is then reported as the default).
-    """
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return max(0.0, float(value) / 1000)
-    if not isinstance(value, str):
-        return 0.0
-    m = _INTERVAL.match(value.lower().removeprefix("interval").strip())
-    if m is None or m.group(2) not in _UNITS:
-        return 0.0
-    return float(m.group(1)) * _UNITS[m.group(2)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,15 +110,7 @@ class KeyedOptions(CheckpointSettings):
         Raises :class:`TypeError` naming an unknown keyword. ``None`` for a
         text setting whose default is ``""`` means the default.
         """
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(keywords) - names)
-        if unknown:
-            hints = "; ".join(f"{k}: {_REMOVED[k]}" for k in unknown if k in _REMOVED)
-            raise TypeError(
-                f"process_keyed() got unexpected keyword arguments {unknown}"
-                + (f" ({hints})" if hints else "")
-                + f"; the options are {sorted(names)}"
-            )
+        check_keywords("process_keyed", keywords, cls, hints=_REMOVED)
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {
             k: ("" if v is None and defaults.get(k) == "" else v) for k, v in keywords.items()
@@ -174,9 +135,11 @@ class KeyedOptions(CheckpointSettings):
 
     def coordinator_config(self) -> CoordinatorConfig:
         settings = self.settings()
-        if not self.checkpoint_interval_s and self.trigger:
-            # the job's own processingTime trigger is its checkpoint interval
-            settings["checkpoint_interval_s"] = interval_seconds(self.trigger.get("processingTime"))
+        processing_time = (self.trigger or {}).get("processingTime")
+        if not self.checkpoint_interval_s and processing_time is not None:
+            # the job's own processingTime trigger is its checkpoint interval (bare number: ms)
+            interval = parse_duration(processing_time, bare_unit="ms", what="processingTime")
+            settings["checkpoint_interval_s"] = interval.seconds
         return CoordinatorConfig(
             job_id=self.job_id or default_job_id(self.checkpoint_dir),
             checkpoint_dir=self.checkpoint_dir,

@@ -32,7 +32,6 @@ an explicit ``execution_mode``. Driver side: the caller's thread.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +45,7 @@ from dstl_client.bounded.runner import BOUNDED_BATCH_ID
 from dstl_client.bounded.task import BoundedTaskSpec, bounded_task
 from dstl_client.core.errors import ConfigError
 from dstl_client.extras import require_spark
+from dstl_client.keywords import check_keywords
 from dstl_client.processor.arguments import initial_rows, time_mode_arg
 from dstl_client.processor.declarations import check_processor
 from dstl_client.processor.task import INIT_COLUMN
@@ -94,13 +94,7 @@ def _parallelism(
     are accepted and have nothing to do here; an unknown keyword raises
     :class:`TypeError`, as for ``process_keyed``.
     """
-    names = {f.name for f in dataclasses.fields(KeyedOptions)}
-    unknown = sorted(set(options) - names)
-    if unknown:
-        raise TypeError(
-            f"process_bounded() got unexpected keyword arguments {unknown}; "
-            f"it takes the streaming query's options too ({sorted(names)})"
-        )
+    check_keywords("process_bounded", options, KeyedOptions)
     if parallelism is None:
         parallelism = options.get("parallelism", config.parallelism if config else None)
     if parallelism is not None and (

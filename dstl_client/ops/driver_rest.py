@@ -26,11 +26,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from dstl_client.coordinator.overrides import FIELDS
-from dstl_client.core.errors import ConfigError, DstlError
+from dstl_client.core.durations import parse_duration
+from dstl_client.core.errors import ConfigError, DstlError, InvalidArgument
 from dstl_client.ops.tokens import CONFIG_TOKEN_ENV
 
 #: ``NAME=VALUE`` names the CLI accepts -> the REST field
@@ -38,9 +38,8 @@ FIELD_NAMES: dict[str, str] = {
     **{f: f for f in FIELDS},
     **{re.sub(r"(?<!^)(?=[A-Z])", "-", f).lower(): f for f in FIELDS},
 }
-#: unit -> milliseconds
-UNITS_MS: dict[str, int] = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
-_DURATION = re.compile(r"\s*(\d{1,15}(?:\.\d{1,9})?)\s*(ms|s|min|m|h)?\s*")
+#: the units a setting may be written in (its values are at most 7 days)
+UNITS = ("ms", "s", "m", "min", "h")
 #: the longest error message taken from an answer (one line on the terminal)
 _MAX_REASON = 300
 #: the most bytes of an answer read (the endpoint's answers are well under 1 KiB)
@@ -71,14 +70,12 @@ class RestFailed(DstlError):
 
 def millis(name: str, text: str) -> int:
     """``text`` (``500ms``, ``5s``, ``1.5s``, ``10min``, ``2h``, ``60000``) in whole ms."""
-    m = _DURATION.fullmatch(text)
-    if m is None:
-        raise ConfigError(f"{name}={text!r}: a duration, e.g. 60000 (ms), 500ms, 5s, 10min, 2h")
-    number, unit = m.group(1), m.group(2) or "ms"
     try:
-        value = Decimal(number) * UNITS_MS[unit]
-    except InvalidOperation:  # pragma: no cover - the pattern admits decimals only
-        raise ConfigError(f"{name}={text!r}: not a number") from None
+        value = parse_duration(text, bare_unit="ms", units=UNITS, what=name).ms
+    except InvalidArgument:
+        raise ConfigError(
+            f"{name}={text!r}: a duration, e.g. 60000 (ms), 500ms, 5s, 10min, 2h"
+        ) from None
     if value != value.to_integral_value():
         raise ConfigError(f"{name}={text!r}: is {value} ms; give whole milliseconds")
     return int(value)

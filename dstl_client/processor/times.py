@@ -26,53 +26,22 @@ Immutable values and pure functions (the reader runs on the driver's batch threa
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dstl_client.batch.query import source_progress
+from dstl_client.core.durations import parse_duration
 from dstl_client.core.errors import DstlError, InvalidArgument
 from dstl_client.processor.api import TimerValues
 
 NO_TIME = -1
 
-_UNITS_MS = {
-    "millisecond": 1,
-    "ms": 1,
-    "second": 1000,
-    "s": 1000,
-    "minute": 60_000,
-    "min": 60_000,
-    "hour": 3_600_000,
-    "h": 3_600_000,
-    "day": 86_400_000,
-    "d": 86_400_000,
-    "week": 604_800_000,
-}
-_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)")
-
 
 def parse_duration_ms(text: str) -> int:
-    """A Spark interval string (``"10 seconds"``, ``"1 minute 30 seconds"``, ``"500 ms"``) in ms."""
-    body = text.strip()
-    if body.lower().startswith("interval "):
-        body = body[len("interval ") :]
-    total = 0.0
-    pos = 0
-    while pos < len(body.rstrip()):
-        m = _PART.match(body, pos)
-        if m is None:
-            raise InvalidArgument(f"bad duration {text!r}")
-        unit = m.group(2).lower()
-        unit = unit[:-1] if unit.endswith("s") and unit[:-1] in _UNITS_MS else unit
-        if unit not in _UNITS_MS:
-            raise InvalidArgument(f"bad duration {text!r}: unknown unit {m.group(2)!r}")
-        total += float(m.group(1)) * _UNITS_MS[unit]
-        pos = m.end()
-    if pos == 0:
-        raise InvalidArgument(f"bad duration {text!r}")
-    return int(total)
+    """A Spark interval string (``"10 seconds"``, ``"1 minute 30 seconds"``, ``"500 ms"``) in
+    whole ms; a unit is required (:mod:`dstl_client.core.durations`)."""
+    return int(parse_duration(text).ms)
 
 
 def next_watermark(previous_ms: int, batch_max_event_ms: int | None, delay_ms: int) -> int:

@@ -23,7 +23,6 @@ A bounded input runs in sorted mode (:mod:`dstl_client.bounded`).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from dstl_client.batch.inputs import grouping, key_kind
@@ -32,6 +31,7 @@ from dstl_client.batch.routing import keyed_schemas
 from dstl_client.bounded.dataframe import process_bounded, sorted_mode
 from dstl_client.core.errors import ConfigError
 from dstl_client.extras import require_spark
+from dstl_client.keywords import check_keywords
 from dstl_client.processor.arguments import (
     inherited_event_time,
     initial_rows,
@@ -122,13 +122,7 @@ def transform_with_state(
     require_spark("transform_with_state")
     from pyspark import cloudpickle
 
-    known = {f.name for f in dataclasses.fields(KeyedOptions)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise TypeError(
-            f"transform_with_state() got unexpected keyword arguments {unknown}; "
-            f"the query's options are {sorted(known)}"
-        )
+    check_keywords("transform_with_state", options, KeyedOptions)
     mode = time_mode_arg(time_mode)
     found = upstream_of(data, key)
     upstream = None if found is None else found[0]

@@ -174,12 +174,11 @@ class Subtask:
         store = self.store
         log_id = store.meta("log_id")
         if log_id:
-            writer = ChangelogWriter(
-                self.client,
-                plan.job_id,
-                log_id,
-                self.kg_range.as_tuple(),
-                int(store.meta("max_change_bytes", "0") or 0) or (4 << 20),
+            writer = self.client.open_writer(
+                job_id=plan.job_id,
+                log_id=log_id,
+                key_group_range=self.kg_range.as_tuple(),
+                max_change_bytes=int(store.meta("max_change_bytes", "0") or 0) or (4 << 20),
             )
             self._writer = writer  # a failure from here on abandons its log
             try:

@@ -57,8 +57,9 @@ from dstl_client.core.errors import (
     StorageError,
     TransientStorageError,
 )
+from dstl_client.core.s3_errors import NOT_FOUND_CODES, TRANSIENT_CODES
 from dstl_server.storage.base import BlobInfo, BlobStore, validate_key
-from dstl_server.storage.s3_errors import NOT_FOUND_CODES, TRANSIENT_CODES, map_s3_error
+from dstl_server.storage.s3_errors import map_s3_error
 
 if TYPE_CHECKING:
     from dstl_server.settings import ServerSettings

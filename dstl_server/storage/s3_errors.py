@@ -1,6 +1,7 @@
 """S3 and botocore errors mapped onto the dstl storage errors (retryable or not, by type).
 
-Throttling, 5xx, connection errors and timeouts become
+Throttling, 5xx (the table: :mod:`dstl_client.core.s3_errors`), connection
+errors and timeouts become
 :class:`~dstl_client.core.errors.TransientStorageError` (retryable); a missing
 object :class:`~dstl_client.core.errors.BlobNotFound`; credentials,
 permissions, a missing bucket and other 4xx a non-retryable ``StorageError``.
@@ -25,39 +26,9 @@ from botocore.exceptions import (
 )
 
 from dstl_client.core.errors import BlobNotFound, StorageError, TransientStorageError
+from dstl_client.core.s3_errors import NOT_FOUND_CODES, is_transient, status_and_code
 
-__all__ = ["NOT_FOUND_CODES", "TRANSIENT_CODES", "map_s3_error"]
-
-NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
-TRANSIENT_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "RequestLimitExceeded",
-        "TooManyRequestsException",
-        "ProvisionedThroughputExceededException",
-        "BandwidthLimitExceeded",
-        "InternalError",
-        "ServiceUnavailable",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "PriorRequestNotComplete",
-        "OperationAborted",
-        # The body arrived damaged (checksum or MD5 mismatch): a new attempt
-        # sends it again.
-        "BadDigest",
-        "XAmzContentChecksumMismatch",
-        "XAmzContentSHA256Mismatch",
-        "500",
-        "502",
-        "503",
-        "504",
-    }
-)
+__all__ = ["map_s3_error"]
 
 
 def map_s3_error(exc: BaseException, what: str) -> StorageError:
@@ -68,13 +39,12 @@ def map_s3_error(exc: BaseException, what: str) -> StorageError:
     if isinstance(exc, StorageError):
         return exc
     if isinstance(exc, ClientError):
-        err = exc.response.get("Error", {})
-        code = str(err.get("Code", ""))
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        msg = f"{what}: {code or status} {err.get('Message', '')}".rstrip()
+        status, code = status_and_code(exc.response)
+        message = exc.response.get("Error", {}).get("Message", "")
+        msg = f"{what}: {code or status} {message}".rstrip()
         if code in NOT_FOUND_CODES:
             return BlobNotFound(msg)
-        if code in TRANSIENT_CODES or status >= 500 or status == 429:
+        if is_transient(code, status):
             return TransientStorageError(msg)
         return StorageError(msg, retryable=False)
     if isinstance(exc, NoCredentialsError | PartialCredentialsError | CredentialRetrievalError):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dstl_client.client import REQUEST_MARGIN_BYTES, ChangelogClient, ChangelogWriter
+from dstl_client.client import REQUEST_MARGIN_BYTES, ChangelogClient
 from dstl_client.core.errors import (
     ChangeTooLarge,
     ConfigError,
@@ -91,7 +91,9 @@ def test_a_persist_after_a_refused_persist_with_changes_gets_no_handle(
     # writer is reopened by log id): the sidecar refuses the carried change.
     client = ChangelogClient(sidecar.address, batch_bytes=16 * MiB, transport=transport)
     created = client.create_writer(job_id="stale", operator_id="op", key_group_range=(0, 7))
-    w = ChangelogWriter(client, "stale", created.log_id, (0, 7), 8 * MiB)
+    w = client.open_writer(
+        job_id="stale", log_id=created.log_id, key_group_range=(0, 7), max_change_bytes=8 * MiB
+    )
     too_big = b"x" * (created.max_change_bytes + 1)
     w.append(1, too_big)
     first = w.persist_durably(after=0)

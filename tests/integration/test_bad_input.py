@@ -146,7 +146,7 @@ def test_key_group_outside_range_server_side(sidecar: Sidecar, writer: Changelog
     for kg in (9, 20):
         bad = pb.KeyGroupChanges(key_group=kg, count=count, sizes=sizes, payload=payload)
         req = pb.AppendRequest(log_id=writer.log_id, changes=[ok, bad])
-        err = refusal(sidecar.stub, writer.client.transport, "Append", req)
+        err = refusal(sidecar.stub, writer.transport.name, "Append", req)
         assert isinstance(err, KeyGroupOutOfRange), err
         assert str(kg) in err.message
     # The whole batch was refused: the valid part of it was not appended either.
@@ -173,7 +173,7 @@ def test_change_over_max_change_bytes(sidecar: Sidecar, writer: ChangelogWriter)
         log_id=writer.log_id,
         changes=[pb.KeyGroupChanges(key_group=12, count=count, sizes=sizes, payload=payload)],
     )
-    err = refusal(sidecar.stub, writer.client.transport, "Append", req)
+    err = refusal(sidecar.stub, writer.transport.name, "Append", req)
     assert isinstance(err, ChangeTooLarge), err
     assert str(MAX_CHANGE + 1) in err.message and str(MAX_CHANGE) in err.message
     h = writer.persist_durably(after=0).result(timeout=30)
@@ -197,7 +197,7 @@ def test_malformed_packed_changes(
         log_id=writer.log_id,
         changes=[pb.KeyGroupChanges(key_group=10, count=count, sizes=sizes, payload=payload)],
     )
-    err = refusal(sidecar.stub, writer.client.transport, "Append", req)
+    err = refusal(sidecar.stub, writer.transport.name, "Append", req)
     assert type(err) is InvalidArgument, err
     assert reason in err.message
     assert_writer_still_works(sidecar.client, writer)
@@ -205,7 +205,7 @@ def test_malformed_packed_changes(
 
 def test_empty_append_batch(sidecar: Sidecar, writer: ChangelogWriter) -> None:
     req = pb.AppendRequest(log_id=writer.log_id)
-    err = refusal(sidecar.stub, writer.client.transport, "Append", req)
+    err = refusal(sidecar.stub, writer.transport.name, "Append", req)
     assert isinstance(err, InvalidArgument) and "empty" in err.message
 
 
@@ -414,7 +414,7 @@ def test_stream_refused_changes_fail_the_rest_of_the_stream(
         for later in answers[2:]:
             assert isinstance(error_of_answer(later), WriterFailed), later
     # the writer's own stream (or calls) never saw any of it
-    assert_writer_still_works(writer.client, writer)
+    assert_writer_still_works(sidecar.client, writer)
     h = writer.persist_durably(after=0).result(timeout=30)
     assert [d for _, _, d in read_all(sidecar.client, h)] == [b"still fine"]
 
@@ -444,7 +444,7 @@ def test_stream_huge_numbers_cost_nothing(sidecar: Sidecar, writer: ChangelogWri
         [pb.SessionRequest(id=5, append=pb.AppendRequest(log_id=log_id, changes=[part]))],
     )
     assert ended is None and isinstance(error_of_answer(answers[0]), InvalidArgument)
-    assert_writer_still_works(writer.client, writer)
+    assert_writer_still_works(sidecar.client, writer)
 
 
 def test_stream_waiting_persists_are_bounded_and_all_answered(

@@ -85,7 +85,12 @@ def b_is_untouched(node: Node) -> Iterator[None]:
 
 def intruder(client: ChangelogClient, victim: ChangelogWriter) -> ChangelogWriter:
     """A writer object of ``client`` that names the victim's log id."""
-    return ChangelogWriter(client, victim.job_id, victim.log_id, victim.key_group_range, 1 << 20)
+    return client.open_writer(
+        job_id=victim.job_id,
+        log_id=victim.log_id,
+        key_group_range=victim.key_group_range,
+        max_change_bytes=1 << 20,
+    )
 
 
 def test_a_job_cannot_discard_another_jobs_objects(node: Node) -> None:

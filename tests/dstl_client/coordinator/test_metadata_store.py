@@ -316,7 +316,7 @@ class Stubbed:
 
 @pytest.fixture
 def stubbed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stubbed]:
-    s = Stubbed(monkeypatch, attempts=3, conflict_attempts=3)
+    s = Stubbed(monkeypatch, attempts=3, conflict_attempts=3, jitter_s=0.0)
     try:
         yield s
     finally:
