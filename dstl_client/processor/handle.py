@@ -13,12 +13,30 @@ the task's thread only.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dstl_client.processor.states import ListState, MapState, ValueState
 
-if TYPE_CHECKING:
-    from dstl_client.processor.runtime import ProcessorRuntime
+
+class ProcessorRuntime(Protocol):
+    """What the handle asks of the task's runtime (:class:`~.runtime.ProcessorRuntime`
+    implements it; named here so the handle does not import the runtime that builds it)."""
+
+    def value_state(self, name: str, schema: Any, ttl_ms: int | None) -> ValueState: ...
+
+    def list_state(self, name: str, schema: Any, ttl_ms: int | None) -> ListState: ...
+
+    def map_state(
+        self, name: str, key_schema: Any, value_schema: Any, ttl_ms: int | None
+    ) -> MapState: ...
+
+    def delete_state(self, name: str) -> int: ...
+
+    def register_timer(self, ms: int) -> None: ...
+
+    def delete_timer(self, ms: int) -> None: ...
+
+    def list_timers(self) -> Iterator[int]: ...
 
 
 class StatefulProcessorHandle:
