@@ -1,0 +1,173 @@
+"""Issue 20 item 4: the count-and-sum job three ways on the same input — Spark's
+``transformWithStateInPandas`` (RocksDB), dstl's ``transform_with_state`` and dstl's
+vectorized ``transform_batches`` — gives the same rows, batch by batch; and so do the
+dstl engines after a sidecar kill, a driver kill and a rescale 2 → 3.
+
+Spark runs once for the module (:func:`by_spark`); every dstl run is compared
+with it. The runs share one Spark session and one sidecar (which the
+sidecar-kill variant kills and starts again on the same address and storage).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dstl_server.testing import ServerProcess
+from tests.e2e._both_engines import ROCKSDB, session_conf
+from tests.e2e._harness import run_driver
+from tests.e2e._three_ways import (
+    BATCHES,
+    ENGINES,
+    OUTPUT_SCHEMA,
+    CountSum,
+    Outputs,
+    expected,
+    read_outputs,
+    run_to_end,
+    start,
+    write_input,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+
+
+class Sidecar:
+    """One ``dstl-server`` for the module that a test may crash and start again on the
+    same address and storage (:meth:`restart`). Thread: any, one call at a time."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.proc = ServerProcess(root).start()
+        self.restarts = 0
+
+    @property
+    def address(self) -> str:
+        return self.proc.address
+
+    def restart(self) -> None:
+        """SIGKILL (a crash: nothing flushed), then a new process on the same address."""
+        address, epoch = self.proc.address, self.proc.epoch
+        self.proc.kill()
+        self.proc = ServerProcess(self.root, listen=address).start()
+        assert self.proc.epoch != epoch
+        self.restarts += 1
+
+    def stop(self) -> None:
+        self.proc.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
+    proc = Sidecar(tmp_path_factory.mktemp("sidecar"))
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def by_spark(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Outputs:
+    """Spark's own ``transformWithStateInPandas`` on RocksDB: the output per batch."""
+    tmp = tmp_path_factory.mktemp("spark")
+    write_input(tmp / "input", range(BATCHES))
+    got: Outputs = {}
+
+    def collect(df: Any, batch_id: int) -> None:
+        got[batch_id] = {(r["k"], r["count"], r["total"]) for r in df.collect()}
+
+    with session_conf(spark, {"spark.sql.streaming.stateStore.providerClass": ROCKSDB}):
+        q = (
+            spark.readStream.schema("k long, v long")
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(tmp / "input"))
+            .groupBy("k")
+            .transformWithStateInPandas(CountSum(), OUTPUT_SCHEMA, "Update", "None")
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(tmp / "ckpt"))
+            .outputMode("update")
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            assert q.awaitTermination(240)
+        finally:
+            q.stop()
+    # one batch per file, and the job's own arithmetic
+    assert got == expected()
+    return got
+
+
+def test_the_same_job_three_ways_gives_the_same_output_batch_by_batch(
+    spark: Any, sidecar: Sidecar, by_spark: Outputs, tmp_path: Path
+) -> None:
+    got = {}
+    for engine in ENGINES:
+        tmp = tmp_path / engine
+        write_input(tmp / "input", range(BATCHES))
+        run_to_end(start(spark, engine, tmp, sidecar.address))
+        got[engine] = read_outputs(tmp / "out")
+    assert got["processor"] == by_spark
+    assert got["vectorized"] == by_spark
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_sidecar_killed_mid_run_keeps_the_output_equal_to_sparks(
+    spark: Any, sidecar: Sidecar, by_spark: Outputs, tmp_path: Path, engine: str
+) -> None:
+    """SIGKILL of the sidecar once batch 2 is planned, a new one on the same address and
+    storage: batch 2's tasks find their changelogs gone and start new ones."""
+    write_input(tmp_path / "input", range(BATCHES))
+    restarts = sidecar.restarts
+
+    def on_phase(phase: str, batch_id: int) -> None:
+        if (phase, batch_id) == ("planned", 2):
+            sidecar.restart()
+
+    query = start(spark, engine, tmp_path, sidecar.address, on_phase=on_phase)
+    run_to_end(query)
+    assert sidecar.restarts == restarts + 1
+    assert read_outputs(tmp_path / "out") == by_spark
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_driver_killed_after_the_tasks_of_a_batch_resumes_to_sparks_output(
+    spark: Any, sidecar: Sidecar, by_spark: Outputs, tmp_path: Path, engine: str
+) -> None:
+    """A driver process dies by SIGKILL after batch 2's tasks ran and its output reached the
+    sink, before its checkpoint; another driver (this one) on another node (an empty state
+    directory) re-runs batch 2 from the checkpoint of batch 1, then batch 3."""
+    write_input(tmp_path / "input", range(BATCHES))
+    options = {
+        "engine": engine,
+        "tmp": tmp_path,
+        "address": sidecar.address,
+        "state-dir": tmp_path / "node-a",
+        "crash": "tasks_done:2",
+    }
+    assert run_driver("tests.e2e._three_ways", options) == -signal.SIGKILL
+    assert sorted(read_outputs(tmp_path / "out")) == [0, 1, 2]
+    query = start(spark, engine, tmp_path, sidecar.address, state_dir=tmp_path / "node-b")
+    run_to_end(query)
+    restored = {h.batch_id: h.restored_subtasks for h in query.history}
+    assert restored[2] == 2  # both subtasks rebuilt their key groups from the checkpoint
+    assert read_outputs(tmp_path / "out") == by_spark
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_rescale_from_2_to_3_keeps_the_output_equal_to_sparks(
+    spark: Any, sidecar: Sidecar, by_spark: Outputs, tmp_path: Path, engine: str
+) -> None:
+    """Batches 0-1 with parallelism 2; stopped; batches 2-3 with parallelism 3."""
+    write_input(tmp_path / "input", range(2))
+    run_to_end(start(spark, engine, tmp_path, sidecar.address, parallelism=2))
+    write_input(tmp_path / "input", range(2, BATCHES))
+    query = start(spark, engine, tmp_path, sidecar.address, parallelism=3)
+    run_to_end(query)
+    restored = {h.batch_id: h.restored_subtasks for h in query.history}
+    assert restored[2] == 3  # every subtask of the new parallelism restored its key groups
+    assert read_outputs(tmp_path / "out") == by_spark
