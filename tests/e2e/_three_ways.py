@@ -13,10 +13,11 @@ the same on every engine and in every re-run. The dstl engines write through
 the exactly-once Parquet sink (:func:`start`); :func:`read_outputs` gives
 each batch's rows as a set.
 
-Run as a script it is one driver process, to be killed by a test at a
-chosen phase of a chosen batch::
+Run as a script it is one driver process running the job on every dstl
+engine at once (each in ``<tmp>/<engine>``), to be killed by a test when
+all of them reached a chosen phase of a chosen batch (one JVM start for all)::
 
-    python -m tests.e2e._three_ways --engine vectorized --crash tasks_done:2 ...
+    python -m tests.e2e._three_ways --tmp ... --crash tasks_done:2 ...
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import os
 import random
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -218,10 +220,25 @@ def read_outputs(out_dir: Path) -> Outputs:
     return got
 
 
+def crash_together(spec: str, queries: int) -> Callable[[str, int], None]:
+    """An ``on_phase`` for ``queries`` queries of this driver: each waits at ``phase:batch``
+    until all of them are there, then the driver's process group is SIGKILLed (bounded:
+    a query that never gets there breaks the wait after 180 s)."""
+    phase, _, batch = spec.partition(":")
+    barrier = threading.Barrier(queries, timeout=180)
+    crash = crash_at(spec)
+
+    def on_phase(at: str, batch_id: int) -> None:
+        if phase and (at, batch_id) == (phase, int(batch)):
+            barrier.wait()
+        crash(at, batch_id)
+
+    return on_phase
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--engine", choices=ENGINES, required=True)
-    p.add_argument("--tmp", type=Path, required=True)
+    p.add_argument("--tmp", type=Path, required=True, help="<tmp>/<engine>: each job's files")
     p.add_argument("--address", required=True)
     p.add_argument("--state-dir", type=Path, required=True)
     p.add_argument("--crash", default="", help="phase:batch -> SIGKILL the driver there")
@@ -229,16 +246,21 @@ def main() -> int:
     from tests.e2e._spark_job import session
 
     spark = session()
+    on_phase = crash_together(args.crash, len(ENGINES))
     try:
-        q = start(
-            spark,
-            args.engine,
-            args.tmp,
-            args.address,
-            state_dir=args.state_dir,
-            on_phase=crash_at(args.crash),
-        )
-        run_to_end(q)
+        queries = [
+            start(
+                spark,
+                engine,
+                args.tmp / engine,
+                args.address,
+                state_dir=args.state_dir / engine,
+                on_phase=on_phase,
+            )
+            for engine in ENGINES
+        ]
+        for q in queries:
+            run_to_end(q)
     finally:
         spark.stop()
     return 0

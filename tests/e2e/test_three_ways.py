@@ -134,28 +134,33 @@ def test_a_sidecar_killed_mid_run_keeps_the_output_equal_to_sparks(
     assert read_outputs(tmp_path / "out") == by_spark
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 def test_a_driver_killed_after_the_tasks_of_a_batch_resumes_to_sparks_output(
-    spark: Any, sidecar: Sidecar, by_spark: Outputs, tmp_path: Path, engine: str
+    spark: Any, sidecar: Sidecar, by_spark: Outputs, tmp_path: Path
 ) -> None:
-    """A driver process dies by SIGKILL after batch 2's tasks ran and its output reached the
-    sink, before its checkpoint; another driver (this one) on another node (an empty state
-    directory) re-runs batch 2 from the checkpoint of batch 1, then batch 3."""
-    write_input(tmp_path / "input", range(BATCHES))
+    """A driver process running the job on both dstl engines dies by SIGKILL after batch 2's
+    tasks ran and its output reached the sink, before its checkpoint; another driver (this
+    one) on another node (an empty state directory) re-runs batch 2 from the checkpoint of
+    batch 1, then batch 3."""
+    for engine in ENGINES:
+        write_input(tmp_path / engine / "input", range(BATCHES))
     options = {
-        "engine": engine,
         "tmp": tmp_path,
         "address": sidecar.address,
         "state-dir": tmp_path / "node-a",
         "crash": "tasks_done:2",
     }
     assert run_driver("tests.e2e._three_ways", options) == -signal.SIGKILL
-    assert sorted(read_outputs(tmp_path / "out")) == [0, 1, 2]
-    query = start(spark, engine, tmp_path, sidecar.address, state_dir=tmp_path / "node-b")
-    run_to_end(query)
-    restored = {h.batch_id: h.restored_subtasks for h in query.history}
-    assert restored[2] == 2  # both subtasks rebuilt their key groups from the checkpoint
-    assert read_outputs(tmp_path / "out") == by_spark
+    got, restored = {}, {}
+    for engine in ENGINES:
+        tmp = tmp_path / engine
+        assert sorted(read_outputs(tmp / "out")) == [0, 1, 2], engine
+        query = start(spark, engine, tmp, sidecar.address, state_dir=tmp_path / "node-b" / engine)
+        run_to_end(query)
+        got[engine] = read_outputs(tmp / "out")
+        restored[engine] = {h.batch_id: h.restored_subtasks for h in query.history}[2]
+    # both subtasks of each job rebuilt their key groups from the checkpoint of batch 1
+    assert restored == {engine: 2 for engine in ENGINES}
+    assert got == {engine: by_spark for engine in ENGINES}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
