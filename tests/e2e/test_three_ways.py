@@ -131,6 +131,8 @@ def test_a_sidecar_killed_mid_run_keeps_the_output_equal_to_sparks(
     query = start(spark, engine, tmp_path, sidecar.address, on_phase=on_phase)
     run_to_end(query)
     assert sidecar.restarts == restarts + 1
+    # batches 2 and 3 persisted their changes through the new process
+    assert sidecar.proc.scrape_metrics()["dstl_persist_requests_total"] > 0
     assert read_outputs(tmp_path / "out") == by_spark
 
 
