@@ -34,10 +34,12 @@ import contextlib
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
 from pathlib import Path
 
 from dstl_client.keygroups import KeyGroupRange
 from dstl_client.state.changes import prefix_end
+from dstl_client.state.packed_rows import ROWS_CTE, VALUE_EXPR, PackedKeys, PackedRows
 from dstl_client.state.store_dirs import lock_file
 
 #: rows per executemany call when bulk writing
@@ -205,6 +207,23 @@ class LocalKeyedStore:
                     out[k] = v
         return out
 
+    def get_packed(self, keys: PackedKeys, with_delta: bool) -> list[bytes | None]:
+        """The value of each of ``keys`` as :meth:`get` gives it, in order: one statement.
+
+        A key missing (or deleted in the pending batch, if ``with_delta``) is
+        ``None``. The bulk read of :mod:`.bulk` (Arrow) runs on this.
+        """
+        if not keys.count:
+            return []
+        kv = "(SELECT v FROM kv WHERE kv.kg = q.kg AND kv.k = q.k)"
+        sql = ROWS_CTE + (
+            f"SELECT CASE WHEN d.k IS NULL THEN {kv} ELSE d.v END FROM q "
+            "LEFT JOIN delta d ON d.kg = q.kg AND d.k = q.k"
+            if with_delta
+            else f"SELECT {kv} FROM q"
+        )
+        return list(map(itemgetter(0), self._db.execute(sql, keys.params())))
+
     def rows_of_key_group(self, kg: int) -> Iterator[tuple[bytes, bytes]]:
         """Every main row of one key group, in ``k`` order."""
         yield from self._db.execute("SELECT k, v FROM kv WHERE kg = ? ORDER BY k", (kg,))
@@ -249,6 +268,16 @@ class LocalKeyedStore:
         self.begin()
         for chunk in _chunks(rows):
             self._db.executemany("INSERT OR REPLACE INTO delta (kg, k, v) VALUES (?, ?, ?)", chunk)
+
+    def write_delta_packed(self, rows: PackedRows) -> None:
+        """:meth:`write_delta` of packed rows (at most one per key) in one statement."""
+        self.begin()
+        if rows.keys.count:
+            self._db.execute(
+                ROWS_CTE
+                + f"INSERT OR REPLACE INTO delta (kg, k, v) SELECT q.kg, q.k, {VALUE_EXPR} FROM q",
+                rows.params(),
+            )
 
     def write_main(self, rows: Iterable[tuple[int, bytes, bytes | None]]) -> None:
         """Upsert or delete rows of the main version directly (restores only)."""
