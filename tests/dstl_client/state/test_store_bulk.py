@@ -147,7 +147,7 @@ def test_empty_input(tmp_path: Path) -> None:
 
 def test_chunks_are_bounded_in_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bulk, "_CHUNK_BYTES", 10)
-    rows = [(2, bytes([i]) * 4, bytes([i]) * (i % 12)) for i in range(30)]
+    rows: list[Row] = [(2, bytes([i]) * 4, bytes([i]) * (i % 12)) for i in range(30)]
     assert bulk._chunks(_rows(rows).column("k").chunk(0), None, 100)[:2] == [(0, 2), (2, 4)]
     # a row over the budget is a chunk of its own
     sizes = bulk._chunks(_rows(rows).column("k").chunk(0), _rows(rows).column("v").chunk(0), 100)
