@@ -34,6 +34,7 @@ import contextlib
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from operator import itemgetter
 from pathlib import Path
 
@@ -142,7 +143,14 @@ class LocalKeyedStore:
         db.execute(
             "INSERT OR REPLACE INTO kv (kg, k, v) SELECT kg, k, v FROM delta WHERE v IS NOT NULL"
         )
-        db.execute("DELETE FROM kv WHERE (kg, k) IN (SELECT kg, k FROM delta WHERE v IS NULL)")
+        # per key group: SQLite seeks a row-value IN by its first column only (a
+        # scan of the group); with kg fixed, each deleted key is one seek
+        for (kg,) in db.execute("SELECT DISTINCT kg FROM delta WHERE v IS NULL").fetchall():
+            db.execute(
+                "DELETE FROM kv WHERE kg = ?1 AND k IN "
+                "(SELECT k FROM delta WHERE kg = ?1 AND v IS NULL)",
+                (kg,),
+            )
         db.execute(
             "INSERT OR REPLACE INTO kg_changed (kg, batch) SELECT DISTINCT kg, ? FROM delta",
             (dv[0],),
@@ -380,13 +388,8 @@ class SnapshotReader:
 def _chunks(
     rows: Iterable[tuple[int, bytes, bytes | None]],
 ) -> Iterator[Sequence[tuple[int, bytes, bytes | None]]]:
-    chunk: list[tuple[int, bytes, bytes | None]] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) >= _CHUNK:
-            yield chunk
-            chunk = []
-    if chunk:
+    it = iter(rows)
+    while chunk := list(islice(it, _CHUNK)):
         yield chunk
 
 
