@@ -32,15 +32,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dstl_client.core.errors import InvalidArgument, KeyGroupOutOfRange
-from dstl_client.state.packed_rows import KG_WIDTH, OFFSET_WIDTH, PAD, PackedKeys, PackedRows
+from dstl_client.state.packed_rows import (
+    KG_SHIFT,
+    MAX_KEY_BYTES,
+    PAD,
+    VALUE_WIDTH,
+    PackedKeys,
+    PackedRows,
+)
 from dstl_client.state.store import LocalKeyedStore
 
 #: column names of the tables read and written
 KG, K, V = "kg", "k", "v"
 #: rows per statement (measured: 10 k to 100 k are within noise; see the benchmark)
 DEFAULT_CHUNK_ROWS = 50_000
-#: key and value bytes per statement (far below SQLite's 1 GB limit on one BLOB)
-_CHUNK_BYTES = 64 << 20
+#: key and value bytes per statement (the packed format addresses 16 MiB of keys)
+_CHUNK_BYTES = MAX_KEY_BYTES - 1
 
 ROWS_SCHEMA = pa.schema([(KG, pa.int32(), False), (K, pa.binary(), False), (V, pa.binary())])
 _SORT = [(KG, "ascending"), (K, "ascending")]
@@ -97,10 +104,8 @@ def write_rows(
         kg, k, v = kg.filter(keep), k.filter(keep), v.filter(keep)
     for start, end in _chunks(k, v, chunk_rows):
         size = end - start
-        kv = _pack_keys(kg.slice(start, size), k.slice(start, size))
-        vs = v.slice(start, size)
-        offsets, data = _pack_binary(vs)
-        store.write_delta_packed(PackedRows(kv, offsets, data, _flags(pc.is_valid(vs))))
+        keys = _pack_keys(kg.slice(start, size), k.slice(start, size))
+        store.write_delta_packed(_pack_values(keys, v.slice(start, size)))
     return list(pc.unique(kg).to_pylist())
 
 
@@ -117,6 +122,8 @@ def _key_columns(store: LocalKeyedStore, table: pa.Table) -> tuple[pa.Array, pa.
     if kg.null_count or k.null_count:
         raise InvalidArgument(f"columns {KG!r} and {K!r} must not hold nulls")
     if len(kg):
+        if pc.max(pc.binary_length(k)).as_py() >= MAX_KEY_BYTES:
+            raise InvalidArgument(f"a row key of {MAX_KEY_BYTES} bytes or more")
         bounds = pc.min_max(kg).as_py()
         r = store.kg_range
         if bounds["min"] < r.first or bounds["max"] > r.last:
@@ -157,24 +164,36 @@ def _chunks(k: pa.Array, v: pa.Array | None, rows: int) -> list[tuple[int, int]]
 
 
 def _pack_keys(kg: pa.Array, k: pa.Array) -> PackedKeys:
-    offsets, data = _pack_binary(k)
-    return PackedKeys(len(k), _digits(kg, KG_WIDTH), offsets, data)
+    starts, lengths = _slots(k)
+    x = pc.bit_wise_or(pc.shift_left(kg.cast(pa.int64()), KG_SHIFT), pc.shift_left(starts, 24))
+    return PackedKeys(len(k), _json_array(pc.bit_wise_or(x, lengths)), _data(k) + PAD)
 
 
-def _pack_binary(arr: pa.Array) -> tuple[bytes, bytes]:
-    """``(offsets as fixed-width digits, the bytes + PAD)`` of a binary array."""
-    offsets = _offsets(arr)
-    return _digits(pc.subtract(offsets, offsets[0]), OFFSET_WIDTH), _data(arr, offsets) + PAD
+def _pack_values(keys: PackedKeys, v: pa.Array) -> PackedRows:
+    starts, lengths = _slots(v)
+    y = pc.if_else(pc.is_valid(v), pc.bit_wise_or(pc.shift_left(starts, 32), lengths), -1)
+    text = pc.utf8_lpad(pc.cast(y, pa.string()), width=VALUE_WIDTH, padding=" ")
+    return PackedRows(keys, _data(text.cast(pa.binary())), _data(v) + PAD)
 
 
 def _offsets(arr: pa.Array) -> pa.Array:
-    """The ``len + 1`` offsets (int32) of a binary array's items in its data buffer."""
+    """The ``len + 1`` offsets (int64) of a binary array's items in its data buffer."""
     buffer = arr.buffers()[1]
-    return pa.Array.from_buffers(pa.int32(), len(arr) + 1, [None, buffer], offset=arr.offset)
+    offsets = pa.Array.from_buffers(pa.int32(), len(arr) + 1, [None, buffer], offset=arr.offset)
+    return offsets.cast(pa.int64())
 
 
-def _data(arr: pa.Array, offsets: pa.Array) -> bytes:
+def _slots(arr: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """``(start, length)`` of each item of a binary array within :func:`_data` of it."""
+    offsets = _offsets(arr)
+    n = len(arr)
+    starts = pc.subtract(offsets.slice(0, n), offsets[0])
+    return starts, pc.subtract(offsets.slice(1, n), offsets.slice(0, n))
+
+
+def _data(arr: pa.Array) -> bytes:
     """The bytes of a binary array's items, back to back."""
+    offsets = _offsets(arr)
     first, last = offsets[0].as_py(), offsets[len(arr)].as_py()
     data = arr.buffers()[2]
     if data is None or last == first:
@@ -182,13 +201,7 @@ def _data(arr: pa.Array, offsets: pa.Array) -> bytes:
     return data.slice(first, last - first).to_pybytes()  # type: ignore[no-any-return]
 
 
-def _digits(values: pa.Array, width: int) -> bytes:
-    """Non-negative integers below ``10**width`` as ``width`` ASCII digits each, back to back."""
-    text = pc.utf8_lpad(pc.cast(values, pa.string()), width=width, padding="0").cast(pa.binary())
-    return _data(text, _offsets(text))
-
-
-def _flags(mask: pa.Array) -> bytes:
-    """A boolean array as one byte per item, 0x01 for true (nulls: false)."""
-    flags = pc.cast(pc.fill_null(mask, False), pa.uint8())
-    return flags.buffers()[1].slice(flags.offset, len(flags)).to_pybytes()  # type: ignore[no-any-return]
+def _json_array(x: pa.Array) -> str:
+    """Integers as the text of a JSON array."""
+    items = pc.binary_join_element_wise(pc.cast(x, pa.string()), "", ",")  # "x," each
+    return "[" + _data(items.cast(pa.binary()))[:-1].decode("ascii") + "]"

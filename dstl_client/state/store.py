@@ -39,8 +39,9 @@ from operator import itemgetter
 from pathlib import Path
 
 from dstl_client.keygroups import KeyGroupRange
+from dstl_client.state import packed_rows as packed
 from dstl_client.state.changes import prefix_end
-from dstl_client.state.packed_rows import ROWS_CTE, VALUE_EXPR, PackedKeys, PackedRows
+from dstl_client.state.packed_rows import PackedKeys, PackedRows
 from dstl_client.state.store_dirs import lock_file
 
 #: rows per executemany call when bulk writing
@@ -224,7 +225,7 @@ class LocalKeyedStore:
         if not keys.count:
             return []
         kv = "(SELECT v FROM kv WHERE kv.kg = q.kg AND kv.k = q.k)"
-        sql = ROWS_CTE + (
+        sql = packed.KEYS_CTE + (
             f"SELECT CASE WHEN d.k IS NULL THEN {kv} ELSE d.v END FROM q "
             "LEFT JOIN delta d ON d.kg = q.kg AND d.k = q.k"
             if with_delta
@@ -282,8 +283,8 @@ class LocalKeyedStore:
         self.begin()
         if rows.keys.count:
             self._db.execute(
-                ROWS_CTE
-                + f"INSERT OR REPLACE INTO delta (kg, k, v) SELECT q.kg, q.k, {VALUE_EXPR} FROM q",
+                "INSERT OR REPLACE INTO delta (kg, k, v) "
+                f"SELECT {packed.KG_EXPR}, {packed.K_EXPR}, {packed.V_EXPR} FROM json_each(:x)",
                 rows.params(),
             )
 
