@@ -220,7 +220,7 @@ class LocalKeyedStore:
         """The value of each of ``keys`` as :meth:`get` gives it, in order: one statement.
 
         A key missing (or deleted in the pending batch, if ``with_delta``) is
-        ``None``. The bulk read of :mod:`.bulk` (Arrow) runs on this.
+        ``None``. An empty pending batch is not looked up. For :mod:`.bulk`.
         """
         if not keys.count:
             return []
@@ -228,7 +228,7 @@ class LocalKeyedStore:
         sql = packed.KEYS_CTE + (
             f"SELECT CASE WHEN d.k IS NULL THEN {kv} ELSE d.v END FROM q "
             "LEFT JOIN delta d ON d.kg = q.kg AND d.k = q.k"
-            if with_delta
+            if with_delta and self._db.execute("SELECT 1 FROM delta LIMIT 1").fetchone()
             else f"SELECT {kv} FROM q"
         )
         return list(map(itemgetter(0), self._db.execute(sql, keys.params())))
