@@ -33,8 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor as SparkStatefulProcessor
 
+from dstl_client.processor import transform_with_state
+from dstl_client.vectorized import BatchInput, BatchOutput, transform_batches
 from tests.e2e._harness import crash_at
 
 INPUT_SCHEMA = "k long, v long"
@@ -114,12 +117,9 @@ class CountSum(SparkStatefulProcessor):  # type: ignore[misc]
         pass
 
 
-def count_sum(batch: Any) -> Any:
+def count_sum(batch: BatchInput) -> BatchOutput:
     """The job as one vectorized step per key-group range: aggregate the batch per key,
     add the state (absent: zero), output and upsert the new ``(count, total)``."""
-    import pyarrow.compute as pc
-    from dstl_client.vectorized import BatchOutput
-
     per_key = batch.rows.group_by("k").aggregate([("v", "count"), ("v", "sum")])
     joined = per_key.join(batch.state, "k", join_type="left outer")
     new = pa.table(
@@ -140,8 +140,6 @@ def stream(spark: Any, engine: str, input_dir: Path, **options: Any) -> Any:
         .parquet(str(input_dir))
     )
     if engine == "processor":
-        from dstl_client.processor import transform_with_state
-
         return transform_with_state(
             events.groupBy("k"),
             processor=CountSum(),
@@ -151,8 +149,6 @@ def stream(spark: Any, engine: str, input_dir: Path, **options: Any) -> Any:
             **options,
         )
     assert engine == "vectorized", engine
-    from dstl_client.vectorized import transform_batches
-
     return transform_batches(
         events,
         key="k",
