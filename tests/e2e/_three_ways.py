@@ -1,21 +1,16 @@
-"""The count-and-sum job of issue 20, three ways: Spark's ``transformWithStateInPandas``,
-dstl's ``transform_with_state`` and dstl's vectorized ``transform_batches``.
-
-Per key ``k``: ``count += rows``, ``total += sum(v)``, and the key's new
-``(k, count, total)`` is output (Update mode). :class:`CountSum` is one
-``StatefulProcessor`` (Spark's own base class) that both Spark and
-``transform_with_state`` run; :func:`count_sum` is the same job as one
-vectorized function per key-group range and micro-batch (Arrow tables).
+"""Running issue 20's three-way jobs (:mod:`tests.e2e._three_ways_jobs`): on Spark's own
+``transformWithStateInPandas`` (:func:`spark_outputs`) and on each dstl engine
+(:func:`start`: ``transform_with_state`` or ``transform_batches``).
 
 The input is one Parquet file per micro-batch (:func:`write_input`; the file
 source reads the oldest first, one per trigger), so each batch's rows are
 the same on every engine and in every re-run. The dstl engines write through
-the exactly-once Parquet sink (:func:`start`); :func:`read_outputs` gives
-each batch's rows as a set.
+the exactly-once Parquet sink; :func:`read_outputs` gives each batch's rows
+as a set, as :func:`spark_outputs` does.
 
-Run as a script it is one driver process running the job on every dstl
-engine at once (each in ``<tmp>/<engine>``), to be killed by a test when
-all of them reached a chosen phase of a chosen batch (one JVM start for all)::
+Run as a script it is one driver process running :data:`COUNT_SUM` on every
+dstl engine at once (each in ``<tmp>/<engine>``), to be killed by a test
+when all of them reached a chosen phase of a chosen batch (one JVM start)::
 
     python -m tests.e2e._three_ways --tmp ... --crash tasks_done:2 ...
 """
@@ -24,140 +19,77 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from pyspark.sql.streaming.stateful_processor import StatefulProcessor as SparkStatefulProcessor
 
 from dstl_client.processor import transform_with_state
-from dstl_client.vectorized import BatchInput, BatchOutput, transform_batches
+from dstl_client.vectorized import transform_batches
+from tests.e2e._both_engines import ROCKSDB, session_conf
 from tests.e2e._harness import crash_at
+from tests.e2e._three_ways_jobs import COUNT_SUM, Job, Outputs
 
-INPUT_SCHEMA = "k long, v long"
-STATE_SCHEMA = "count long, total long"
-OUTPUT_SCHEMA = "k long, count long, total long"
 ENGINES = ("processor", "vectorized")
-BATCHES = 4
-ROWS = 120
 MAX_P = 16
 
-#: one output row: ``(k, count, total)``
-Output = tuple[int, int, int]
-#: the output rows per batch id
-Outputs = dict[int, set[Output]]
 
-
-def batch_rows(batch: int) -> list[tuple[int, int]]:
-    """Batch ``batch``'s input rows ``(k, v)``: repeated keys, keys new in later batches."""
-    rng = random.Random(20 + batch)
-    return [(rng.randrange(30 + 6 * batch), rng.randrange(-50, 100)) for _ in range(ROWS)]
-
-
-def expected(batches: int = BATCHES) -> Outputs:
-    """What the job outputs for batches ``0..batches-1``, folded here in plain Python."""
-    state: dict[int, tuple[int, int]] = {}
-    out: Outputs = {}
-    for b in range(batches):
-        touched = set()
-        for k, v in batch_rows(b):
-            count, total = state.get(k, (0, 0))
-            state[k] = (count + 1, total + v)
-            touched.add(k)
-        out[b] = {(k, *state[k]) for k in touched}
-    return out
-
-
-def write_input(directory: Path, batches: range) -> None:
+def write_input(directory: Path, job: Job, batches: range) -> None:
     """One Parquet file per batch of ``batches``, older modification times for earlier ones."""
     import pyarrow.parquet as pq
 
     directory.mkdir(parents=True, exist_ok=True)
     base = time.time() - 1000
     for b in batches:
-        rows = batch_rows(b)
-        table = pa.table(
-            {
-                "k": pa.array([k for k, _ in rows], pa.int64()),
-                "v": pa.array([v for _, v in rows], pa.int64()),
-            }
+        table = pa.Table.from_pylist(
+            [dict(zip(job.input_arrow.names, row, strict=True)) for row in job.batches[b]],
+            schema=job.input_arrow,
         )
         path = directory / f"part-{b:05d}.parquet"
         pq.write_table(table, path)
         os.utime(path, (base + b, base + b))
 
 
-class CountSum(SparkStatefulProcessor):  # type: ignore[misc]
-    """Count and sum of ``v`` per key in one value state; one output row per key and batch.
-
-    Spark's own base class: the same class runs on ``transformWithStateInPandas``
-    and on dstl's ``transform_with_state``.
-    """
-
-    def init(self, handle: Any) -> None:
-        self.agg = handle.getValueState("agg", STATE_SCHEMA)
-
-    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-        import pandas as pd
-
-        count, total = self.agg.get() if self.agg.exists() else (0, 0)
-        for pdf in rows:
-            count += len(pdf)
-            total += int(pdf["v"].sum())
-        self.agg.update((count, total))
-        yield pd.DataFrame({"k": [int(key[0])], "count": [count], "total": [total]})
-
-    def close(self) -> None:
-        pass
-
-
-def count_sum(batch: BatchInput) -> BatchOutput:
-    """The job as one vectorized step per key-group range: aggregate the batch per key,
-    add the state (absent: zero), output and upsert the new ``(count, total)``."""
-    per_key = batch.rows.group_by("k").aggregate([("v", "count"), ("v", "sum")])
-    joined = per_key.join(batch.state, "k", join_type="left outer")
-    new = pa.table(
-        {
-            "k": joined["k"],
-            "count": pc.add(pc.coalesce(joined["count"], 0), joined["v_count"]),
-            "total": pc.add(pc.coalesce(joined["total"], 0), joined["v_sum"]),
-        }
-    )
-    return BatchOutput(output=new, upserts=new)
-
-
-def stream(spark: Any, engine: str, input_dir: Path, **options: Any) -> Any:
-    """The job's output stream on dstl ``engine`` (``"processor"`` or ``"vectorized"``)."""
-    events = (
-        spark.readStream.schema(INPUT_SCHEMA)
+def _events(spark: Any, job: Job, input_dir: Path) -> Any:
+    return (
+        spark.readStream.schema(job.input_schema)
         .option("maxFilesPerTrigger", 1)
         .parquet(str(input_dir))
     )
-    if engine == "processor":
-        return transform_with_state(
-            events.groupBy("k"),
-            processor=CountSum(),
-            output_schema=OUTPUT_SCHEMA,
-            output_mode="Update",
-            time_mode="None",
-            **options,
+
+
+def spark_outputs(spark: Any, job: Job, tmp: Path, timeout_s: float = 240) -> Outputs:
+    """``job`` on Spark's own ``transformWithStateInPandas`` (RocksDB) over its whole input
+    (written to ``tmp/input``): the output of each batch with input."""
+    write_input(tmp / "input", job, range(len(job.batches)))
+    got: Outputs = {}
+
+    def collect(df: Any, batch_id: int) -> None:
+        got[batch_id] = {tuple(r) for r in df.collect()}
+
+    with session_conf(spark, {"spark.sql.streaming.stateStore.providerClass": ROCKSDB}):
+        events = _events(spark, job, tmp / "input")
+        if job.watermark is not None:
+            events = events.withWatermark(*job.watermark)
+        q = (
+            events.groupBy("k")
+            .transformWithStateInPandas(job.processor(), job.output_schema, "Update", job.time_mode)
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(tmp / "ckpt"))
+            .outputMode("update")
+            .trigger(availableNow=True)
+            .start()
         )
-    assert engine == "vectorized", engine
-    return transform_batches(
-        events,
-        key="k",
-        fn=count_sum,
-        state_schema=STATE_SCHEMA,
-        output_schema=OUTPUT_SCHEMA,
-        frame="arrow",
-        **options,
-    )
+        try:
+            assert q.awaitTermination(timeout_s), "Spark's query did not finish in time"
+        finally:
+            q.stop()
+    # Spark may add a batch without input at the end, to move the watermark
+    return {b: rows for b, rows in got.items() if b < len(job.batches)}
 
 
 def start(
@@ -166,29 +98,42 @@ def start(
     tmp: Path,
     address: str,
     *,
+    job: Job = COUNT_SUM,
     state_dir: Path | None = None,
     parallelism: int = 2,
     on_phase: Callable[[str, int], None] | None = None,
 ) -> Any:
-    """The job on ``engine`` over ``tmp/input`` with ``availableNow``: every input file
-    there, one per batch; its checkpoint in ``tmp/ckpt``, its output in ``tmp/out``.
+    """``job`` on dstl ``engine`` (``"processor"`` or ``"vectorized"``) over ``tmp/input``
+    with ``availableNow``: every input file there, one per batch; its checkpoint in
+    ``tmp/ckpt``, its output in ``tmp/out``.
 
     No materialization after the first: a restore replays the changelog."""
-    return (
-        stream(
-            spark,
-            engine,
-            tmp / "input",
-            parallelism=parallelism,
-            max_parallelism=MAX_P,
-            job_id=f"three-ways-{engine}-{tmp.name[-24:].strip('_-.')}",
-            dstl_address=address,
-            state_dir=str(state_dir or tmp / "state"),
-            orphan_grace_s=0,
-            materialize_interval_s=3600,
-            on_phase=on_phase,
+    options: dict[str, Any] = {
+        "output_schema": job.output_schema,
+        "time_mode": job.time_mode,
+        "parallelism": parallelism,
+        "max_parallelism": MAX_P,
+        "job_id": f"three-ways-{engine}-{tmp.name[-24:].strip('_-.')}",
+        "dstl_address": address,
+        "state_dir": str(state_dir or tmp / "state"),
+        "orphan_grace_s": 0,
+        "materialize_interval_s": 3600,
+        "on_phase": on_phase,
+    }
+    if job.watermark is not None:
+        options["event_time_column"], options["watermark_delay"] = job.watermark
+    events = _events(spark, job, tmp / "input")
+    if engine == "processor":
+        stream = transform_with_state(
+            events.groupBy("k"), processor=job.processor(), output_mode="Update", **options
         )
-        .writeStream.format("parquet")
+    else:
+        assert engine == "vectorized", engine
+        stream = transform_batches(
+            events, key="k", fn=job.fn, state_schema=job.state_schema, frame="arrow", **options
+        )
+    return (
+        stream.writeStream.format("parquet")
         .option("checkpointLocation", str(tmp / "ckpt"))
         .outputMode("update")
         .trigger(availableNow=True)
@@ -212,7 +157,7 @@ def read_outputs(out_dir: Path) -> Outputs:
     for path in sorted(out_dir.glob("part-b*.parquet")):
         batch = int(path.name[len("part-b") :].split("-", 1)[0])
         for r in pq.read_table(path).to_pylist():
-            got.setdefault(batch, set()).add((r["k"], r["count"], r["total"]))
+            got.setdefault(batch, set()).add(tuple(r.values()))
     return got
 
 

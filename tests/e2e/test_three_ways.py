@@ -1,11 +1,13 @@
 """Issue 20 item 4: the count-and-sum job three ways on the same input — Spark's
 ``transformWithStateInPandas`` (RocksDB), dstl's ``transform_with_state`` and dstl's
 vectorized ``transform_batches`` — gives the same rows, batch by batch; and so do the
-dstl engines after a sidecar kill, a driver kill and a rescale 2 → 3.
+dstl engines after a sidecar kill, a driver kill and a rescale 2 → 3. An event-time job
+with timers (and late rows) gives the same rows three ways too.
 
-Spark runs once for the module (:func:`by_spark`); every dstl run is compared
-with it. The runs share one Spark session and one sidecar (which the
-sidecar-kill variant kills and starts again on the same address and storage).
+Spark runs the count-and-sum job once for the module (:func:`by_spark`);
+every dstl run is compared with it. The runs share one Spark session and one
+sidecar (which the sidecar-kill variant kills and starts again on the same
+address and storage). The jobs: :mod:`tests.e2e._three_ways_jobs`.
 """
 
 from __future__ import annotations
@@ -18,20 +20,18 @@ from typing import Any
 import pytest
 
 from dstl_server.testing import ServerProcess
-from tests.e2e._both_engines import ROCKSDB, session_conf
 from tests.e2e._harness import run_driver
 from tests.e2e._three_ways import (
-    BATCHES,
     ENGINES,
-    OUTPUT_SCHEMA,
-    CountSum,
-    Outputs,
-    expected,
     read_outputs,
     run_to_end,
+    spark_outputs,
     start,
     write_input,
 )
+from tests.e2e._three_ways_jobs import COUNT_SUM, IDLE, Outputs, expected_sums
+
+BATCHES = len(COUNT_SUM.batches)
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -73,32 +73,8 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
 @pytest.fixture(scope="module")
 def by_spark(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Outputs:
     """Spark's own ``transformWithStateInPandas`` on RocksDB: the output per batch."""
-    tmp = tmp_path_factory.mktemp("spark")
-    write_input(tmp / "input", range(BATCHES))
-    got: Outputs = {}
-
-    def collect(df: Any, batch_id: int) -> None:
-        got[batch_id] = {(r["k"], r["count"], r["total"]) for r in df.collect()}
-
-    with session_conf(spark, {"spark.sql.streaming.stateStore.providerClass": ROCKSDB}):
-        q = (
-            spark.readStream.schema("k long, v long")
-            .option("maxFilesPerTrigger", 1)
-            .parquet(str(tmp / "input"))
-            .groupBy("k")
-            .transformWithStateInPandas(CountSum(), OUTPUT_SCHEMA, "Update", "None")
-            .writeStream.foreachBatch(collect)
-            .option("checkpointLocation", str(tmp / "ckpt"))
-            .outputMode("update")
-            .trigger(availableNow=True)
-            .start()
-        )
-        try:
-            assert q.awaitTermination(240)
-        finally:
-            q.stop()
-    # one batch per file, and the job's own arithmetic
-    assert got == expected()
+    got = spark_outputs(spark, COUNT_SUM, tmp_path_factory.mktemp("spark"))
+    assert got == expected_sums()  # one batch per file, and the job's own arithmetic
     return got
 
 
@@ -108,11 +84,29 @@ def test_the_same_job_three_ways_gives_the_same_output_batch_by_batch(
     got = {}
     for engine in ENGINES:
         tmp = tmp_path / engine
-        write_input(tmp / "input", range(BATCHES))
+        write_input(tmp / "input", COUNT_SUM, range(BATCHES))
         run_to_end(start(spark, engine, tmp, sidecar.address))
         got[engine] = read_outputs(tmp / "out")
     assert got["processor"] == by_spark
     assert got["vectorized"] == by_spark
+
+
+def test_event_time_timers_and_late_rows_three_ways_give_the_same_output(
+    spark: Any, sidecar: Sidecar, tmp_path: Path
+) -> None:
+    """The idle-key job: a timer per key on the watermark, late rows dropped."""
+    want = spark_outputs(spark, IDLE, tmp_path / "spark")
+    # Spark fired the timers planned (key 2 without input) and dropped the late 1@30
+    fired = {b: sorted(r[0] for r in rows if r[1] == "idle") for b, rows in want.items()}
+    assert fired == {0: [], 1: [], 2: [2], 3: [1, 4]}
+    assert {r[0] for r in want[3] if r[1] == "update"} == {2, 8}
+    got = {}
+    for engine in ENGINES:
+        tmp = tmp_path / engine
+        write_input(tmp / "input", IDLE, range(len(IDLE.batches)))
+        run_to_end(start(spark, engine, tmp, sidecar.address, job=IDLE))
+        got[engine] = read_outputs(tmp / "out")
+    assert got == {engine: want for engine in ENGINES}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -121,7 +115,7 @@ def test_a_sidecar_killed_mid_run_keeps_the_output_equal_to_sparks(
 ) -> None:
     """SIGKILL of the sidecar once batch 2 is planned, a new one on the same address and
     storage: batch 2's tasks find their changelogs gone and start new ones."""
-    write_input(tmp_path / "input", range(BATCHES))
+    write_input(tmp_path / "input", COUNT_SUM, range(BATCHES))
     restarts = sidecar.restarts
 
     def on_phase(phase: str, batch_id: int) -> None:
@@ -144,7 +138,7 @@ def test_a_driver_killed_after_the_tasks_of_a_batch_resumes_to_sparks_output(
     one) on another node (an empty state directory) re-runs batch 2 from the checkpoint of
     batch 1, then batch 3."""
     for engine in ENGINES:
-        write_input(tmp_path / engine / "input", range(BATCHES))
+        write_input(tmp_path / engine / "input", COUNT_SUM, range(BATCHES))
     options = {
         "tmp": tmp_path,
         "address": sidecar.address,
@@ -170,9 +164,9 @@ def test_a_rescale_from_2_to_3_keeps_the_output_equal_to_sparks(
     spark: Any, sidecar: Sidecar, by_spark: Outputs, tmp_path: Path, engine: str
 ) -> None:
     """Batches 0-1 with parallelism 2; stopped; batches 2-3 with parallelism 3."""
-    write_input(tmp_path / "input", range(2))
+    write_input(tmp_path / "input", COUNT_SUM, range(2))
     run_to_end(start(spark, engine, tmp_path, sidecar.address, parallelism=2))
-    write_input(tmp_path / "input", range(2, BATCHES))
+    write_input(tmp_path / "input", COUNT_SUM, range(2, BATCHES))
     query = start(spark, engine, tmp_path, sidecar.address, parallelism=3)
     run_to_end(query)
     restored = {h.batch_id: h.restored_subtasks for h in query.history}
