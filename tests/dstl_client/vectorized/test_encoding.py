@@ -13,6 +13,7 @@ from dstl_client.keygroups import key_bytes
 from dstl_client.state.changes import decode_change, decode_state_key
 from dstl_client.vectorized.apply import changes, encode_changes
 from dstl_client.vectorized.keys import (
+    MAX_MS,
     TIMER_INDEX_PREFIX,
     index_row_keys,
     key_bytes_of,
@@ -20,7 +21,7 @@ from dstl_client.vectorized.keys import (
     split_index_rows,
     state_row_keys,
 )
-from dstl_client.vectorized.values import MAX_MS, ValueCodec
+from dstl_client.vectorized.values import ValueCodec
 
 SCHEMA = pa.schema(
     [
