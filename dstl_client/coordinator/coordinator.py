@@ -352,9 +352,9 @@ class CheckpointCoordinator:
 
     def adopt_schemas(self, declared: OperatorSchemas, deleted: Iterable[str] = ()) -> str:
         """After :meth:`start`, before the first plan: check the declared state schemas
-        against the latest record's and record them (:func:`.state_schemas.adopt`).
+        against the latest record's and record them (:func:`.schema_evolution.adopt`).
 
-        Raises :class:`~.state_schemas.StateSchemaMismatch` naming the state and both schemas.
+        Raises :class:`~.schema_evolution.StateSchemaMismatch` naming the state and both schemas.
         """
         with self._lock:
             latest = self.latest
