@@ -34,10 +34,14 @@ import contextlib
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 
 from dstl_client.keygroups import KeyGroupRange
+from dstl_client.state import packed_rows as packed
 from dstl_client.state.changes import prefix_end
+from dstl_client.state.packed_rows import PackedKeys, PackedRows
 from dstl_client.state.store_dirs import lock_file
 
 #: rows per executemany call when bulk writing
@@ -140,7 +144,14 @@ class LocalKeyedStore:
         db.execute(
             "INSERT OR REPLACE INTO kv (kg, k, v) SELECT kg, k, v FROM delta WHERE v IS NOT NULL"
         )
-        db.execute("DELETE FROM kv WHERE (kg, k) IN (SELECT kg, k FROM delta WHERE v IS NULL)")
+        # per key group: SQLite seeks a row-value IN by its first column only (a
+        # scan of the group); with kg fixed, each deleted key is one seek
+        for (kg,) in db.execute("SELECT DISTINCT kg FROM delta WHERE v IS NULL").fetchall():
+            db.execute(
+                "DELETE FROM kv WHERE kg = ?1 AND k IN "
+                "(SELECT k FROM delta WHERE kg = ?1 AND v IS NULL)",
+                (kg,),
+            )
         db.execute(
             "INSERT OR REPLACE INTO kg_changed (kg, batch) SELECT DISTINCT kg, ? FROM delta",
             (dv[0],),
@@ -205,6 +216,23 @@ class LocalKeyedStore:
                     out[k] = v
         return out
 
+    def get_packed(self, keys: PackedKeys, with_delta: bool) -> list[bytes | None]:
+        """The value of each of ``keys`` as :meth:`get` gives it, in order: one statement.
+
+        A key missing (or deleted in the pending batch, if ``with_delta``) is
+        ``None``. An empty pending batch is not looked up. For :mod:`.bulk`.
+        """
+        if not keys.count:
+            return []
+        kv = "(SELECT v FROM kv WHERE kv.kg = q.kg AND kv.k = q.k)"
+        sql = packed.KEYS_CTE + (
+            f"SELECT CASE WHEN d.k IS NULL THEN {kv} ELSE d.v END FROM q "
+            "LEFT JOIN delta d ON d.kg = q.kg AND d.k = q.k"
+            if with_delta and self._db.execute("SELECT 1 FROM delta LIMIT 1").fetchone()
+            else f"SELECT {kv} FROM q"
+        )
+        return list(map(itemgetter(0), self._db.execute(sql, keys.params())))
+
     def rows_of_key_group(self, kg: int) -> Iterator[tuple[bytes, bytes]]:
         """Every main row of one key group, in ``k`` order."""
         yield from self._db.execute("SELECT k, v FROM kv WHERE kg = ? ORDER BY k", (kg,))
@@ -249,6 +277,16 @@ class LocalKeyedStore:
         self.begin()
         for chunk in _chunks(rows):
             self._db.executemany("INSERT OR REPLACE INTO delta (kg, k, v) VALUES (?, ?, ?)", chunk)
+
+    def write_delta_packed(self, rows: PackedRows) -> None:
+        """:meth:`write_delta` of packed rows (at most one per key) in one statement."""
+        self.begin()
+        if rows.keys.count:
+            self._db.execute(
+                "INSERT OR REPLACE INTO delta (kg, k, v) "
+                f"SELECT {packed.KG_EXPR}, {packed.K_EXPR}, {packed.V_EXPR} FROM json_each(:x)",
+                rows.params(),
+            )
 
     def write_main(self, rows: Iterable[tuple[int, bytes, bytes | None]]) -> None:
         """Upsert or delete rows of the main version directly (restores only)."""
@@ -351,13 +389,8 @@ class SnapshotReader:
 def _chunks(
     rows: Iterable[tuple[int, bytes, bytes | None]],
 ) -> Iterator[Sequence[tuple[int, bytes, bytes | None]]]:
-    chunk: list[tuple[int, bytes, bytes | None]] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) >= _CHUNK:
-            yield chunk
-            chunk = []
-    if chunk:
+    it = iter(rows)
+    while chunk := list(islice(it, _CHUNK)):
         yield chunk
 
 
