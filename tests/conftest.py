@@ -1,4 +1,11 @@
-"""Shared fixtures: real sidecars (in-process and as processes) on loopback."""
+"""Shared fixtures: real sidecars (in-process and as processes) on loopback, one Spark session.
+
+``sidecar`` is one ``dstl-server`` process per test module (file:// storage).
+``spark`` is the session's one local Spark session, lent to a module: a Spark
+start costs 10-40 s, so every module that runs Spark in this process shares
+it, and what a module changes of it (SQL settings, queries left running) is
+undone after the module's last test.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +13,14 @@ import gc
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
 from dstl_server.app import DstlServer
 from dstl_server.testing import ServerProcess, running_server
+from tests._helpers import lent
 
 
 @pytest_asyncio.fixture
@@ -26,6 +35,34 @@ def server_process(tmp_path: Path) -> Iterator[ServerProcess]:
     """A real dstl-server process on a free loopback port."""
     with ServerProcess(tmp_path / "proc") as proc:
         yield proc
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One sidecar process per test module (file:// storage, stopped at the end)."""
+    with ServerProcess(tmp_path_factory.mktemp("sidecar")) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def spark_session() -> Iterator[Any]:
+    """The test session's local Spark session (``local[2,4]``: a failed task is retried),
+    started on first use and stopped after the last test; modules take it as ``spark``."""
+    pytest.importorskip("pyspark")
+    from tests.e2e._spark_job import session
+
+    s = session("2,4")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def spark(spark_session: Any) -> Iterator[Any]:
+    """The shared Spark session for one module (see :func:`lent`)."""
+    with lent(spark_session) as s:
+        yield s
 
 
 pytest_plugins = ["tests.s3_fixtures"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dstl_client.state import INT64, TupleSerializer
+from dstl_server.testing import ServerProcess
 from loadtest.cluster_bench.job import MAX_P as MAX_P
 from loadtest.cluster_bench.job import OUTPUT_SCHEMA as OUTPUT_SCHEMA
 from loadtest.cluster_bench.job import output_sink as output_sink
@@ -156,6 +157,21 @@ def agg_job_in(spark: Any, tmp: Path, address: str, **kw: Any) -> Any:
         address=address,
         state_dir=tmp / "state",
         out_dir=tmp / "out",
+        **kw,
+    )
+
+
+def start_agg(
+    spark: Any, tmp: Path, sidecar: ServerProcess, parallelism: int, fn: Any = agg, **kw: Any
+) -> Any:
+    """:func:`agg_job_in` at ``parallelism`` with a job id made of ``tmp``'s name."""
+    return agg_job_in(
+        spark,
+        tmp,
+        sidecar.address,
+        fn=fn,
+        parallelism=parallelism,
+        job_id=f"e2e-{tmp.name[-20:].strip('_-.') or 'job'}",
         **kw,
     )
 
