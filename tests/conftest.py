@@ -67,6 +67,25 @@ def spark(spark_session: Any) -> Iterator[Any]:
 
 pytest_plugins = ["tests.s3_fixtures"]
 
+#: fixtures that start SeaweedFS or Spark, and the mark a test using one must carry
+#: (``make test-fast`` deselects ``s3``, ``spark`` and ``slow``)
+_MARK_OF_FIXTURE = {"weed_s3": "s3", "weed_s3_tls": "s3", "spark_session": "spark"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse the run when a test takes a SeaweedFS or Spark fixture without its mark
+    (one that asks for ``weed_s3`` only while running fails then: ``tests/s3_fixtures.py``)."""
+    unmarked = [
+        f"{item.nodeid}: uses {fixture} without @pytest.mark.{mark}"
+        for item in items
+        for fixture, mark in _MARK_OF_FIXTURE.items()
+        if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(mark) is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "tests without the mark their fixtures need:\n" + "\n".join(unmarked)
+        )
+
 
 @pytest.fixture(params=["unary", "stream"])
 def transport(request: pytest.FixtureRequest) -> str:

@@ -209,6 +209,7 @@ async def test_abandon_fails_every_running_upload() -> None:
 
 # ---------------------------------------------------------------- batching
 
+
 @pytest.mark.asyncio
 async def test_one_object_per_flush() -> None:
     up = MemoryUploader()

@@ -88,6 +88,7 @@ def intruder(client: ChangelogClient, victim: ChangelogWriter) -> ChangelogWrite
     return ChangelogWriter(client, victim.job_id, victim.log_id, victim.key_group_range, 1 << 20)
 
 
+@pytest.mark.slow
 def test_a_job_cannot_discard_another_jobs_objects(node: Node) -> None:
     with pytest.raises(PermissionDenied, match="jobA"):
         node.a.discard_objects("jobB", list(node.b_handle.object_keys))

@@ -30,6 +30,7 @@ def idle_requests(stop: queue.SimpleQueue[None]) -> Iterator[pb.SessionRequest]:
     yield  # pragma: no cover - a generator
 
 
+@pytest.mark.slow
 def test_calls_past_the_cap_are_refused_and_unbound_streams_time_out(tmp_path: Path) -> None:
     args = ["--max-concurrent-rpcs", str(CAP), "--session-bind-timeout-s", "1.5"]
     stop: queue.SimpleQueue[None] = queue.SimpleQueue()
