@@ -94,7 +94,14 @@ def read_outputs(out_dir: Path) -> set[tuple[int, str, int, int]]:
     return got
 
 
+#: the test JVMs' options: the client compiler only and the serial collector start a
+#: JVM and run the tests' small jobs about 40 % faster on 2 cores than the default
+#: (C2 and G1 threads compete with the tasks for the cores)
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def session(cores: str = "2") -> Any:
+    """A local Spark session (``local[<cores>]``) set up for tests."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
@@ -104,6 +111,7 @@ def session(cores: str = "2") -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "1g")
+        .config("spark.driver.extraJavaOptions", TEST_JVM_OPTIONS)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
