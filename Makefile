@@ -61,7 +61,8 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
-# The inner loop: lint, types and every test not marked slow, spark or s3 (a few minutes).
+# The inner loop: lint, types and every test not marked slow, spark or s3: no JVM, no
+# SeaweedFS (under 3 minutes on 2 cores). `make test` (all of it) is the CI command.
 test-fast: lint typecheck
 	$(PY) -m pytest -q -ra -m "not slow and not spark and not s3" $(PYTEST_ARGS)
 

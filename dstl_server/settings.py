@@ -680,9 +680,9 @@ def parse_value(name: str, raw: str, source: str) -> Any:
 #: the server does not warn about them (the one list: tests check the repository
 #: names no other). Value: who reads it.
 OTHER_DSTL_VARIABLES: dict[str, str] = {
-    "DSTL_ADDRESS": "client: the node's sidecar address (dstl_client.state.clients)",
-    "DSTL_TOKEN": "client: the job's token (dstl_client.state.clients)",
-    "DSTL_CA_FILE": "client: PEM CA bundle of a TLS sidecar (dstl_client.state.clients)",
+    "DSTL_ADDRESS": "client: the node's sidecar address (dstl_client.connect)",
+    "DSTL_TOKEN": "client: the job's token (dstl_client.connect)",
+    "DSTL_CA_FILE": "client: PEM CA bundle of a TLS sidecar (dstl_client.connect)",
     "DSTL_STATE_DIR": "client: node-local state directory (dstl_client.state.clients)",
     "DSTL_REST_URL": "operator CLI: the driver's REST endpoint (dstl_client.ops.context)",
     "DSTL_CONFIG_TOKEN": "operator CLI: the token of the driver's REST endpoint "

@@ -40,6 +40,24 @@ from dstl_server.uploader import Uploader
 # ------------------------------------------------------------------ the clock
 
 
+class ManualClock:
+    """A clock that moves only when the test sets ``now`` (or calls :meth:`advance`).
+
+    Pass the instance itself where the code under test takes ``clock=`` (a
+    ``Callable[[], float]``). Reading ``now`` from other threads is safe (a
+    float attribute); the test thread alone moves it.
+    """
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class FakeClock:
     """Virtual time: ``time`` and ``sleep`` to inject into the code under test.
 

@@ -2,7 +2,8 @@
 
 * ``weed_s3`` / ``weed_s3_tls``: one server per session over HTTP / HTTPS
   (self-signed CA in ``ca_file``), started on first use and SIGKILLed at the
-  end of the session.
+  end of the session; a test taking one must be marked ``s3`` (it fails
+  otherwise), so ``-m "not s3"`` starts no SeaweedFS.
 * ``s3_prefix``: a fresh key prefix per test, so tests sharing a server never
   see each other's objects.
 * ``s3_store`` / ``s3_tls_store``: an :class:`S3BlobStore` on that prefix,
@@ -58,16 +59,37 @@ def _session_server(tls: bool) -> Iterator[SeaweedS3]:
         yield s3
 
 
+def _marked_s3(request: pytest.FixtureRequest, server: str) -> SeaweedS3:
+    """The session's ``server`` fixture for a test marked ``s3``; any other test fails
+    before the server starts, so ``-m "not s3"`` (``make test-fast``) starts no SeaweedFS."""
+    if request.node.get_closest_marker("s3") is None:
+        pytest.fail(f"{request.node.nodeid} uses SeaweedFS: mark it @pytest.mark.s3", pytrace=False)
+    s3: SeaweedS3 = request.getfixturevalue(server)
+    return s3
+
+
 @pytest.fixture(scope="session")
-def weed_s3() -> Iterator[SeaweedS3]:
-    """A SeaweedFS S3 server over plain HTTP for the whole session."""
+def weed_s3_server() -> Iterator[SeaweedS3]:
+    """The session's SeaweedFS S3 server over plain HTTP, started on first use."""
     yield from _session_server(tls=False)
 
 
 @pytest.fixture(scope="session")
-def weed_s3_tls() -> Iterator[SeaweedS3]:
-    """A SeaweedFS S3 server over HTTPS (self-signed CA: ``ca_file``) for the session."""
+def weed_s3_tls_server() -> Iterator[SeaweedS3]:
+    """The session's SeaweedFS S3 server over HTTPS (self-signed CA: ``ca_file``)."""
     yield from _session_server(tls=True)
+
+
+@pytest.fixture
+def weed_s3(request: pytest.FixtureRequest) -> SeaweedS3:
+    """A SeaweedFS S3 server over plain HTTP (the session's), for a test marked ``s3``."""
+    return _marked_s3(request, "weed_s3_server")
+
+
+@pytest.fixture
+def weed_s3_tls(request: pytest.FixtureRequest) -> SeaweedS3:
+    """A SeaweedFS S3 server over HTTPS (the session's), for a test marked ``s3``."""
+    return _marked_s3(request, "weed_s3_tls_server")
 
 
 @pytest.fixture

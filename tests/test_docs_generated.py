@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_readme_tables_are_current() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "gen_docs.py"), "--check"],

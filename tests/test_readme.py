@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 EXAMPLES = ROOT / "examples"
-QUICKSTART = EXAMPLES / "processor_quickstart.py"
+QUICKSTARTS = ("processor_quickstart.py", "vectorized_quickstart.py")
 
 _BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
@@ -72,9 +72,11 @@ def test_readme_links_resolve() -> None:
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_processor_quickstart_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("example", QUICKSTARTS)
+def test_the_quickstarts_run_and_agree(example: str, tmp_path: Path) -> None:
+    """The processor and its vectorized twin: the same job, the same rows."""
     proc = subprocess.run(
-        [sys.executable, str(QUICKSTART)],
+        [sys.executable, str(EXAMPLES / example)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -16,7 +16,7 @@ written. The job's checkpoint metadata goes to ``metadata_url`` (default
 
 ``restore_from=N`` starts the query from the retained checkpoint of batch
 ``N`` instead of the latest (records and Spark progress past it moved aside,
-see :mod:`dstl_client.coordinator.lifecycle`; the same as ``dstl checkpoints
+see :mod:`dstl_client.coordinator.rollback`; the same as ``dstl checkpoints
 restore N`` before the start). ``retain_on_cancel=False`` disposes of the
 checkpoints on ``DstlQuery.stop(cancel=True)``.
 

@@ -16,7 +16,7 @@ in it, the same on every kind of store::
     operators/<operator>/checkpoints/ck-<batch>.json  the same for any other operator
     operators/<operator>/config-overrides.json
     <records prefix>superseded/ck-<batch>.json        records a restore moved aside (see
-                                                      :mod:`.lifecycle`), kept until the new
+                                                      :mod:`.rollback`), kept until the new
                                                       run records that batch
     <operator prefix>restore.json                     the last restore (``restore_from``)
 
@@ -55,7 +55,7 @@ METADATA_FOLDER = "dstl"
 RECORDS = "checkpoints/"
 OVERRIDES = "config-overrides.json"
 OPERATORS = "operators/"
-#: records a restore moved aside, under the records prefix (see :mod:`.lifecycle`)
+#: records a restore moved aside, under the records prefix (see :mod:`.rollback`)
 SUPERSEDED = "superseded/"
 #: the last restore of an operator, under its prefix
 RESTORE_MARKER = "restore.json"
@@ -172,7 +172,7 @@ class CheckpointSettings:
     metadata_s3_region: str = ""
     #: start from this retained checkpoint instead of the latest (like Flink's ``-s``):
     #: newer records and Spark's progress past it are moved aside, once per batch id
-    #: (see :mod:`.lifecycle`); ``None``: resume from the latest
+    #: (see :mod:`.rollback`); ``None``: resume from the latest
     restore_from: int | None = None
     #: on ``DstlQuery.stop(cancel=True)``, keep the checkpoints (Flink's RETAIN_ON_CANCELLATION,
     #: the default) or dispose of them (False: DELETE_ON_CANCELLATION)

@@ -106,7 +106,10 @@ class CheckpointCoordinator:
         metrics: CoordinatorMetrics | None = None,
         sweeper: SweeperFactory | None = None,
         metadata: MetadataStore | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: seconds, monotonic; what the checkpoint timeout and the
+        materialization interval are measured on (a test passes a fake one)."""
         config = config.resolved()
         config.validate()
         self.config = config
@@ -121,11 +124,12 @@ class CheckpointCoordinator:
         self._sweeper = sweeper or _orphan_sweeper
         self._lock = threading.RLock()
         self._retention = RetainedCheckpoints(config, self.storage, lambda: self.client)
-        self._schedule = MaterializationSchedule()
+        self._schedule = MaterializationSchedule(clock)
         self._overrides = ConfigOverrides(self.metadata, config.overrides_name)
         self._watchdog = CheckpointWatchdog(
             lambda: self.config.checkpoint_timeout_s,
             on_abort=self.metrics.checkpoint_timeouts.inc,
+            clock=clock,
         )
         self.started = False
         self.orphans_removed = 0
@@ -352,9 +356,9 @@ class CheckpointCoordinator:
 
     def adopt_schemas(self, declared: OperatorSchemas, deleted: Iterable[str] = ()) -> str:
         """After :meth:`start`, before the first plan: check the declared state schemas
-        against the latest record's and record them (:func:`.state_schemas.adopt`).
+        against the latest record's and record them (:func:`.schema_evolution.adopt`).
 
-        Raises :class:`~.state_schemas.StateSchemaMismatch` naming the state and both schemas.
+        Raises :class:`~.schema_evolution.StateSchemaMismatch` naming the state and both schemas.
         """
         with self._lock:
             latest = self.latest

@@ -122,6 +122,10 @@ def index_row_keys(prefix: bytes, ms: pa.Array, key_bytes: pa.Array) -> pa.Array
     )
 
 
+#: a ``binary_slice`` stop past any value's end (values are < 2 GiB)
+_TO_THE_END = 2**31 - 1
+
+
 def split_index_rows(prefix: bytes, rows: pa.Array) -> tuple[pa.Array, pa.Array]:
     """``(ms int64, key bytes)`` of index row keys (the inverse of :func:`index_row_keys`)."""
     n = len(prefix)
@@ -131,7 +135,8 @@ def split_index_rows(prefix: bytes, rows: pa.Array) -> tuple[pa.Array, pa.Array]
     offsets = np.frombuffer(stamp.buffers()[1], np.int32, len(stamp) + 1, stamp.offset * 4)
     data = np.frombuffer(stamp.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
     ms = (data.view(">u8").astype(np.uint64) ^ np.uint64(_OFFSET)).view(np.int64)
-    return pa.array(ms, pa.int64()), pc.binary_slice(rows, n + TIME_BYTES)
+    # an explicit stop: pyarrow 26's binary_slice without one fails on 2+ long values
+    return pa.array(ms, pa.int64()), pc.binary_slice(rows, n + TIME_BYTES, _TO_THE_END)
 
 
 # ---------------------------------------------------------------- key groups

@@ -1,8 +1,10 @@
-"""Fixtures of the compatibility suite: one Spark session and one sidecar for the whole package.
+"""Fixtures of the compatibility suite: every case run once, in the shared Spark session.
 
-Package scope: every case of ``tests/compat`` runs in the same Spark session
-(a session start costs 5-15 s) against the same sidecar process; both are
-stopped after the package's last test, failures included.
+Package scope: every case of ``tests/compat`` runs in the test session's
+Spark session (``tests/conftest.py``: a session start costs 10-40 s) against
+one sidecar process of the package; the sidecar is stopped and the Spark
+settings the cases changed are put back after the package's last test,
+failures included.
 """
 
 from __future__ import annotations
@@ -13,32 +15,17 @@ from typing import Any
 import pytest
 
 from dstl_server.testing import ServerProcess
+from tests._helpers import lent
 from tests.compat._engines import Outcomes
 
 pytest.importorskip("pyspark")
 
 
 @pytest.fixture(scope="package")
-def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with ServerProcess(tmp_path_factory.mktemp("compat-sidecar")) as proc:
-        yield proc
-
-
-@pytest.fixture(scope="package")
-def spark() -> Iterator[Any]:
-    """A local Spark session (``local[2]``, 2 shuffle partitions) for every case."""
-    from tests.e2e._spark_job import session
-
-    s = session()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="package")
-def outcomes(
-    spark: Any, sidecar: ServerProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Outcomes:
+def outcomes(spark_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcomes]:
     """Each case's rows on both engines, run once for every test that compares a part of them."""
-    return Outcomes(spark, sidecar.address, tmp_path_factory.mktemp("compat-runs"))
+    with (
+        ServerProcess(tmp_path_factory.mktemp("compat-sidecar")) as sidecar,
+        lent(spark_session) as spark,
+    ):
+        yield Outcomes(spark, sidecar.address, tmp_path_factory.mktemp("compat-runs"))

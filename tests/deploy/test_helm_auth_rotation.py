@@ -15,21 +15,18 @@ import helm_python as helm
 import pytest
 
 from dstl_client.core.errors import ConfigError
-from tests.deploy.test_helm_chart import (
+from tests.deploy._helpers import (
     NODE_SECRET,
     RELEASE,
     ROTATION,
     TLS_TCP_ONLY,
     by_name,
-    chart,
     container,
     executor_pod,
     only,
     render,
     settings_from,
 )
-
-__all__ = ["chart"]  # the module-scoped fixture, shared with test_helm_chart.py
 
 
 def test_the_previous_secret_reaches_dstl_server_only(chart: helm.Chart) -> None:

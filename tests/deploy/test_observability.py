@@ -29,7 +29,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from dstl_client.coordinator.metrics import CoordinatorMetrics
 from dstl_server.metrics import ServerMetrics
 from dstl_server.testing import ServerProcess
-from tests.deploy.test_helm_chart import (
+from tests.deploy._helpers import (
     CHART,
     CONFIGS,
     K8S_VERSIONS,
@@ -240,12 +240,6 @@ def test_dashboard_is_json_and_queries_only_exported_metrics(exported_names: set
 
 
 # --------------------------------------------------------------- rendering
-@pytest.fixture(scope="module")
-def chart() -> Iterator[helm.Chart]:
-    with helm.Chart.load(CHART) as loaded:
-        yield loaded
-
-
 def render_all(chart: helm.Chart, values: dict[str, Any]) -> dict[str, list[Manifest]]:
     """Rendered objects by template path, the `helm test` pod included."""
     files = chart.render(values, name=RELEASE, namespace=NAMESPACE)

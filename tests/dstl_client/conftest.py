@@ -1,4 +1,4 @@
-"""Fixtures of the client tests: a sidecar per module, and Hypothesis kept out of the checkout.
+"""Fixtures of the client tests: a client of the module's sidecar, Hypothesis kept out of the checkout.
 
 Hypothesis writes ``.hypothesis/`` into the working directory (example
 database, constants and unicode caches), the constants already while pytest
@@ -25,13 +25,6 @@ set_hypothesis_home_dir(_HYPOTHESIS_HOME)
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_HYPOTHESIS_HOME, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One sidecar process per test module (file:// storage, stopped at the end)."""
-    with ServerProcess(tmp_path_factory.mktemp("sidecar")) as proc:
-        yield proc
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ import pytest
 from dstl_client.core.errors import ConfigError, Unauthenticated
 from dstl_server.auth import ADMIN, NODE, Authenticator, Principal, expiry_after
 from dstl_server.settings import ServerSettings
+from tests.fakes import ManualClock
 
 OLD = "0123456789abcdef-the-previous-node-secret"
 NEW = "fedcba9876543210-the-current-node-secret"
@@ -30,21 +31,11 @@ THIRD = "a-third-secret-0123456789-nobody-holds-it"
 T0 = 1_900_000_000.0  # 2030-03-17
 
 
-class Clock:
-    """A settable clock for the authenticator (seconds since the epoch)."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 # ---------------------------------------------------------------- expiry
 
 
 def test_an_expiring_token_is_valid_until_its_second() -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     auth = Authenticator(NEW, clock=clock)
     token = auth.job_token("job-a", expires_at=int(T0) + 60)
     assert token.startswith(f"dstl1.exp.{int(T0) + 60}.job.job-a.")
@@ -61,7 +52,7 @@ def test_an_expiring_token_is_valid_until_its_second() -> None:
 
 
 def test_every_kind_of_token_may_expire() -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     auth = Authenticator(NEW, clock=clock)
     exp = int(T0) + 1
     assert auth.principal(auth.admin_token(expires_at=exp)) is ADMIN
@@ -73,7 +64,7 @@ def test_every_kind_of_token_may_expire() -> None:
 
 
 def test_tokens_without_expiry_never_expire() -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     auth = Authenticator(NEW, clock=clock)
     token = auth.job_token("job-a")
     assert token.startswith("dstl1.job.job-a.")  # the format of before
@@ -82,7 +73,7 @@ def test_tokens_without_expiry_never_expire() -> None:
 
 
 def test_the_expiry_is_covered_by_the_mac() -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     auth = Authenticator(NEW, clock=clock)
     exp = int(T0) + 60
     token = auth.job_token("job-a", expires_at=exp)
@@ -134,11 +125,11 @@ def test_minting_refuses_a_bad_expiry() -> None:
 
 
 def test_expiry_after_rounds_up_and_refuses_nonsense() -> None:
-    assert expiry_after(60, Clock(T0 + 0.25)) == int(T0) + 61
-    assert expiry_after(0.5, Clock(T0)) == int(T0) + 1
+    assert expiry_after(60, ManualClock(T0 + 0.25)) == int(T0) + 61
+    assert expiry_after(0.5, ManualClock(T0)) == int(T0) + 1
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ConfigError, match="ttl"):
-            expiry_after(bad, Clock())
+            expiry_after(bad, ManualClock(T0))
 
 
 def test_an_empty_secret_derives_no_tokens() -> None:
@@ -153,7 +144,7 @@ def test_an_empty_secret_derives_no_tokens() -> None:
 def test_tokens_of_the_previous_secret_work_until_the_deadline(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     auth = Authenticator(NEW, previous_secret=OLD, previous_until=T0 + 3600, clock=clock)
     old = Authenticator(OLD)
     old_tokens = {
@@ -181,14 +172,14 @@ def test_tokens_of_the_previous_secret_work_until_the_deadline(
 
 
 def test_a_token_of_another_secret_is_refused_during_the_rotation() -> None:
-    auth = Authenticator(NEW, previous_secret=OLD, previous_until=T0 + 3600, clock=Clock())
+    auth = Authenticator(NEW, previous_secret=OLD, previous_until=T0 + 3600, clock=ManualClock(T0))
     with pytest.raises(Unauthenticated, match="wrong token"):
         auth.principal(Authenticator(THIRD).job_token("job-a"))
     assert auth.previous_secret_uses == 0
 
 
 def test_an_expired_token_of_the_previous_secret_is_expired() -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     auth = Authenticator(NEW, previous_secret=OLD, previous_until=T0 + 3600, clock=clock)
     token = Authenticator(OLD).job_token("job-a", expires_at=int(T0) + 10)
     assert auth.principal(token) == Principal("job-a")

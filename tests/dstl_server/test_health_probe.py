@@ -39,6 +39,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_serving_is_0_and_a_stopped_server_is_1(tmp_path: Path) -> None:
     sock = tmp_path / "dstl.sock"
     with ServerProcess(tmp_path / "srv", unix_socket=str(sock)) as server:
@@ -56,6 +57,7 @@ def test_serving_is_0_and_a_stopped_server_is_1(tmp_path: Path) -> None:
         assert result.stderr.startswith(f"dstl-server health: {address} (overall): ")
 
 
+@pytest.mark.slow
 def test_changelog_not_serving_while_the_store_is_down_is_1(tmp_path: Path) -> None:
     """Readiness fails, liveness passes: nothing listens at the S3 endpoint."""
     env = {

@@ -26,7 +26,7 @@ from dstl_server.log import PART_OVERHEAD_BYTES, WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.throttle import MemoryBudget
 from dstl_server.upload_task import UploadTask
-from tests.dstl_server.test_uploads import check_entry, make_task, scheduler
+from tests.dstl_server._helpers import check_entry, make_task, scheduler
 from tests.fakes import MemoryUploader, registry
 
 

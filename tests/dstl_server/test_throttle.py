@@ -9,7 +9,7 @@ import pytest
 
 from dstl_client.core.errors import Backpressure, BudgetFull
 from dstl_server.throttle import READ_TURN_S, MemoryBudget
-from tests.fakes import settle
+from tests.fakes import ManualClock, settle
 
 
 class Pressure:
@@ -41,14 +41,6 @@ async def test_one_request_may_overcommit() -> None:
 
 async def other_call(budget: MemoryBudget, nbytes: int) -> None:
     budget.take(nbytes)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.mark.asyncio
@@ -96,7 +88,7 @@ async def test_an_admitted_call_appends_even_over_the_limit() -> None:
 
 
 def test_a_writer_pushed_back_past_the_timeout_gets_backpressure() -> None:
-    clock = Clock()
+    clock = ManualClock()
     budget = MemoryBudget(100, 5.0, Pressure(), clock=clock)
     budget.take(100)
     with pytest.raises(BudgetFull):

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import pytest
 
 from dstl_client.core.errors import ShuttingDown, SqnOutOfRange, UploadFailed
-from dstl_client.core.format import Changeset, pack_changes, parse_kg_block, parse_log_header
+from dstl_client.core.format import pack_changes
 from dstl_client.core.handle import HandleEntry
 from dstl_server.batching import BULK_SECTION_BYTES, FORGET_AFTER_MISSES, BatchingScheduler
 from dstl_server.forwarder import ForwardedSection
@@ -24,6 +23,7 @@ from dstl_server.metrics import ServerMetrics
 from dstl_server.throttle import MemoryBudget
 from dstl_server.upload_task import UploadTask
 from dstl_server.uploads import Uploads
+from tests.dstl_server._helpers import check_entry, make_task, scheduler
 from tests.fakes import MemoryUploader, sample, settings, settle
 
 # ---------------------------------------------------------------- lifecycle
@@ -204,52 +204,6 @@ async def test_abandon_fails_every_running_upload() -> None:
 
 
 # ---------------------------------------------------------------- batching
-
-_sqns: dict[str, int] = {}
-
-
-def make_task(wl: WriterLog, payload: bytes, *, preemptive: bool = False) -> UploadTask:
-    """One changeset of ``payload`` for ``wl`` at its next SQN."""
-    sqn = _sqns.get(wl.log_id, 0)
-    _sqns[wl.log_id] = sqn + 1
-    cs = Changeset(sqn, {wl.key_group_range[0]: [pack_changes([payload])]})
-    fut: asyncio.Future[HandleEntry] = asyncio.get_running_loop().create_future()
-    return UploadTask(wl, [cs], preemptive, fut)
-
-
-def scheduler(
-    up: MemoryUploader,
-    *,
-    delay_s: float = 60.0,
-    threshold: int = 1 << 20,
-    writers: int | Callable[[], int] = 1,
-    slots: asyncio.Semaphore | None = None,
-    metrics: ServerMetrics | None = None,
-    job: str = "job",
-) -> BatchingScheduler:
-    return BatchingScheduler(
-        job,
-        persist_delay_s=delay_s,
-        size_threshold=threshold,
-        uploader=up,
-        upload_slots=slots or asyncio.Semaphore(4),
-        metrics=metrics or ServerMetrics(),
-        open_writers=writers if callable(writers) else (lambda: writers),
-    )
-
-
-def check_entry(up: MemoryUploader, task: UploadTask, entry: HandleEntry) -> bytes:
-    """The entry points at ``task``'s section; returns the section's single change."""
-    data = up.objects[entry.object_key]
-    sec = data[entry.offset : entry.offset + entry.length]
-    hdr = parse_log_header(sec, entry.length)
-    assert hdr.log_id == task.log.log_id_bytes
-    assert (hdr.first_sqn, hdr.end_sqn) == (entry.first_sqn, entry.end_sqn)
-    assert (entry.first_sqn, entry.end_sqn) == (task.changesets[0].sqn, task.end_sqn)
-    ((kg, (off, length)),) = hdr.key_groups.items()
-    (view,) = parse_kg_block(kg, sec[off : off + length])
-    (change,) = view.changes()
-    return change
 
 
 @pytest.mark.asyncio

@@ -140,11 +140,18 @@ def test_a_new_checkpoint_interval_switches_the_trigger_without_restarting_spark
     assert read_outputs(tmp_path / "out") == expected_grouped(groups, ROWS, KEYS)[1]
 
 
+#: the checkpoint timeout of the job below, and how long its slow attempt takes: twice
+#: the timeout, so the watchdog has aborted the batch when the attempt ends (a task
+#: already sleeping in a Python worker runs to its end; then the batch runs again)
+TIMEOUT_S = 15.0
+SLOW_S = 2 * TIMEOUT_S
+
+
 def slow_once(marker: Path, key: Any, rows: list[dict[str, Any]], ctx: Any) -> Any:
     """``agg``, but the first attempt of batch 1 outlives the checkpoint timeout."""
     if ctx.batch_id == 1 and not marker.exists():
         marker.touch()
-        time.sleep(120)  # cancelled by the abort long before
+        time.sleep(SLOW_S)
     return agg(key, rows, ctx)
 
 
@@ -159,7 +166,7 @@ def test_a_checkpoint_that_times_out_is_run_again_and_the_query_goes_on(
         batches,
         "tolerate",
         functools.partial(slow_once, tmp_path / "slow-once"),
-        checkpoint_timeout_s=15.0,
+        checkpoint_timeout_s=TIMEOUT_S,
         tolerable_failed_checkpoints=1,
     )
     try:

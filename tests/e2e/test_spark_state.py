@@ -19,10 +19,10 @@ from tests.e2e._harness import run_driver as run_job
 from tests.e2e._spark_job import (
     OUTPUT_COLUMNS,
     agg,
-    agg_job_in,
     decode_state,
     expected,
     read_outputs,
+    start_agg,
     write_input,
 )
 
@@ -150,20 +150,6 @@ def test_a_driver_restarted_on_a_fresh_machine_resumes_from_metadata_in_s3(
     assert read_outputs(tmp_path / "out") == want_outputs
 
 
-def _start(
-    spark: Any, tmp: Path, sidecar: ServerProcess, parallelism: int, fn: Any = agg, **kw: Any
-) -> Any:
-    return agg_job_in(
-        spark,
-        tmp,
-        sidecar.address,
-        fn=fn,
-        parallelism=parallelism,
-        job_id=f"e2e-{tmp.name[-20:].strip('_-.') or 'job'}",
-        **kw,
-    )
-
-
 def test_a_task_failure_after_commit_is_retried_without_double_counting(
     tmp_path: Path, sidecar: ServerProcess, spark: Any
 ) -> None:
@@ -171,7 +157,7 @@ def test_a_task_failure_after_commit_is_retried_without_double_counting(
     write_input(tmp_path / "input", 0, batches - 1, ROWS, KEYS)
     # batch 2, task 1: state applied, persisted and committed locally, then the attempt fails
     fn = FailAfterCommit(agg, OUTPUT_COLUMNS, batch_id=2, partition=1)
-    q = _start(spark, tmp_path, sidecar, 2, fn=fn)
+    q = start_agg(spark, tmp_path, sidecar, 2, fn=fn)
     try:
         q.wait_for_batch(batches - 1, timeout_s=180)
     finally:
@@ -192,7 +178,7 @@ def test_rescale_2_3_1_gives_the_same_results(
     done = -1
     for parallelism, batches, interval in ((2, 3, 3600.0), (3, 3, 0.0), (1, 2, 3600.0)):
         write_input(tmp_path / "input", done + 1, done + batches, ROWS, KEYS)
-        q = _start(spark, tmp_path, sidecar, parallelism, materialize_interval_s=interval)
+        q = start_agg(spark, tmp_path, sidecar, parallelism, materialize_interval_s=interval)
         try:
             q.wait_for_batch(done + batches, timeout_s=180)
         finally:

@@ -20,8 +20,7 @@ from dstl_client.processor import StatefulProcessor, StatefulProcessorHandle, Ti
 from dstl_client.spark.state_reader import FORMAT, StateSpec, read_state
 from dstl_client.state.serializers import INT64
 from dstl_server.testing import ServerProcess
-from tests.e2e._spark_job import AGG, MAX_P, agg, batch_rows, expected, write_input
-from tests.e2e.test_spark_state import _start
+from tests.e2e._spark_job import AGG, MAX_P, agg, batch_rows, expected, start_agg, write_input
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -80,7 +79,7 @@ def test_a_retained_checkpoint_of_a_spark_job_read_as_a_dataframe(
 ) -> None:
     write_input(tmp_path / "input", 0, BATCHES - 1, ROWS, KEYS)
     # materialized every batch: the records restore from parts and changelog segments
-    q = _start(spark, tmp_path, sidecar, 2, fn=agg_more, materialize_interval_s=0)
+    q = start_agg(spark, tmp_path, sidecar, 2, fn=agg_more, materialize_interval_s=0)
     try:
         q.wait_for_batch(BATCHES - 1, timeout_s=120)
     finally:

@@ -178,6 +178,7 @@ def test_settings_from_environment_reach_the_server(tmp_path: Path) -> None:
         w.close()
 
 
+@pytest.mark.slow
 def test_address_in_use_is_a_clear_error(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "srv") as proc:
         storage = f"file://{tmp_path / 'objects2'}"

@@ -126,6 +126,7 @@ def chain(tmp_path: Path) -> Iterator[list[ServerProcess]]:
         yield [root, mid, leaf]
 
 
+@pytest.mark.slow
 def test_a_chain_merges_every_node_into_one_object_per_job_and_survives_a_dead_parent(
     tmp_path: Path, chain: list[ServerProcess]
 ) -> None:
@@ -265,6 +266,7 @@ def forwarded(proc: ServerProcess) -> float:
     return proc.scrape_metrics()["dstl_forwarded_batches_total"]
 
 
+@pytest.mark.slow
 def test_a_restarted_parent_takes_forwards_again_and_no_acknowledged_change_is_lost(
     tmp_path: Path,
 ) -> None:

@@ -93,6 +93,7 @@ def intruder(client: ChangelogClient, victim: ChangelogWriter) -> ChangelogWrite
     )
 
 
+@pytest.mark.slow
 def test_a_job_cannot_discard_another_jobs_objects(node: Node) -> None:
     with pytest.raises(PermissionDenied, match="jobA"):
         node.a.discard_objects("jobB", list(node.b_handle.object_keys))

@@ -117,7 +117,7 @@ def _s3_server_first(request: pytest.FixtureRequest) -> None:
         for item in request.session.items
     )
     if wanted and find_weed() is not None:
-        request.getfixturevalue("weed_s3")
+        request.getfixturevalue("weed_s3_server")
 
 
 @pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])

@@ -180,6 +180,7 @@ def test_a_refused_call_with_changes_fails_the_session(sidecar: Sidecar, log_id:
     assert isinstance(err, WriterFailed) and "call 2" in err.message
 
 
+@pytest.mark.slow
 def test_a_call_never_sent_is_reported_accurately(sidecar: Sidecar, log_id: str) -> None:
     session = secrets.randbits(62) | 1
     err = error_of(
@@ -271,6 +272,7 @@ def test_writers_of_a_dead_client_expire(tmp_path: Path) -> None:
         assert [d for _, _, d in client.read_changes(h)] == [b"persisted"]
 
 
+@pytest.mark.slow
 def test_calls_parked_behind_a_missing_call_are_bounded(sidecar: Sidecar, log_id: str) -> None:
     """Requests waiting for an earlier call count in the one memory budget
     (max_in_flight_bytes, 16 MiB here), which a call passes by at most its own size: once it
@@ -336,6 +338,7 @@ def test_a_changeset_larger_than_a_message_is_read_back_in_pieces(tmp_path: Path
         assert sorted(d for _, _, d in client.read_changes(handle)) == sorted([*changes, b"small"])
 
 
+@pytest.mark.slow
 def test_a_handle_too_large_for_a_message_is_a_typed_error(tmp_path: Path) -> None:
     """A persist from an old SQN of a never-truncated log names more sections
     than a message carries: a clear SqnOutOfRange, not a bare transport error."""

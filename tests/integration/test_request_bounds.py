@@ -319,6 +319,7 @@ def test_a_forwarded_section_with_a_corrupt_body_never_lands_in_an_object(
 SECRET = "Zq3mR8vT1xK6pW9nB2cJ5hL0fD7sGa4y"
 
 
+@pytest.mark.slow
 def test_calls_refused_for_another_jobs_token_do_not_keep_a_writer_alive(
     tmp_path: Path,
 ) -> None:

@@ -21,6 +21,7 @@ def _port(address: str) -> int:
     return int(address.rpartition(":")[2])
 
 
+@pytest.mark.slow
 def test_kill_9_then_restart_on_same_storage(tmp_path: Path, transport: str) -> None:
     """Whatever the transport: a call in flight fails, acknowledged handles stay readable."""
     root = tmp_path / "srv"
@@ -110,6 +111,7 @@ def test_kill_9_then_restart_on_same_storage(tmp_path: Path, transport: str) -> 
             client.close()
 
 
+@pytest.mark.slow
 def test_sigterm_with_persists_in_flight(tmp_path: Path) -> None:
     """SIGTERM: in-flight persists complete, the process exits 0, no temp files remain."""
     root = tmp_path / "srv"

@@ -21,6 +21,7 @@ from tests.integration._helpers import object_files, object_path, read_all
 JOB = "job-lifecycle"
 
 
+@pytest.mark.slow
 def test_flip158_state_change_lifecycle(tmp_path: Path, transport: str) -> None:
     """Seed 000, "State change lifecycle": CP1, materialization at T2, CP2, truncate, CP3."""
     root = tmp_path / "srv"
@@ -126,6 +127,7 @@ async def test_lifecycle_memory_in_process(server: DstlServer) -> None:
         registry.get(log_id)
 
 
+@pytest.mark.slow
 def test_handle_bytes_cross_processes(tmp_path: Path) -> None:
     """Handle bytes made in one process are read back in another (executor -> driver)."""
     root = tmp_path / "srv"
@@ -166,6 +168,7 @@ def test_handle_bytes_cross_processes(tmp_path: Path) -> None:
 NO_READ_CACHE = ("--read-cache-bytes", "0")
 
 
+@pytest.mark.slow
 class TestDamagedObjects:
     """A damaged object is reported as a typed error, never returned as data."""
 
@@ -257,6 +260,7 @@ class TestDamagedObjects:
             self._assert_others_fine(client, h_other, h_later)
 
 
+@pytest.mark.slow
 def test_cached_reads_skip_the_store(tmp_path: Path) -> None:
     """What this sidecar uploaded is read back from its memory (a restore on this node)."""
     root = tmp_path / "srv"

@@ -115,6 +115,7 @@ def _write_until_killed(address: str, job: str, stop: threading.Event) -> None:
         pass  # the sidecar was killed: expected
 
 
+@pytest.mark.slow
 def test_restart_removes_temp_files_of_killed_writes(tmp_path: Path) -> None:
     root = tmp_path / "srv"
     objects = root / "objects"
@@ -224,6 +225,7 @@ def test_refused_credentials_exit_2_at_start(weed_s3: SeaweedS3, s3_prefix: str)
     assert "SignatureDoesNotMatch" in line or "AccessDenied" in line or "InvalidAccess" in line
 
 
+@pytest.mark.slow
 def test_unreachable_s3_at_start_is_not_serving(tmp_path: Path) -> None:
     """Nothing listens at the endpoint: the process starts, health says NOT_SERVING."""
     port = _free_port()

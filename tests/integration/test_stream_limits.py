@@ -9,7 +9,6 @@ and a stream whose first request never names a writer is closed after
 from __future__ import annotations
 
 import queue
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +19,10 @@ from dstl_client import ChangelogClient
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core._pb import dstl_pb2_grpc as pb_grpc
 from dstl_server.testing import ServerProcess
+from tests.integration._helpers import poll_until
 
 CAP = 8
+SESSIONS_IN_FLIGHT = 'dstl_grpc_requests_in_flight{method="dstl.v1.Changelog/Session"}'
 
 
 def idle_requests(stop: queue.SimpleQueue[None]) -> Iterator[pb.SessionRequest]:
@@ -30,6 +31,7 @@ def idle_requests(stop: queue.SimpleQueue[None]) -> Iterator[pb.SessionRequest]:
     yield  # pragma: no cover - a generator
 
 
+@pytest.mark.slow
 def test_calls_past_the_cap_are_refused_and_unbound_streams_time_out(tmp_path: Path) -> None:
     args = ["--max-concurrent-rpcs", str(CAP), "--session-bind-timeout-s", "1.5"]
     stop: queue.SimpleQueue[None] = queue.SimpleQueue()
@@ -44,7 +46,10 @@ def test_calls_past_the_cap_are_refused_and_unbound_streams_time_out(tmp_path: P
         stub = pb_grpc.ChangelogStub(channel)  # type: ignore[no-untyped-call]
         idle = [stub.Session(idle_requests(stop)) for _ in range(CAP - 1)]
         try:
-            time.sleep(0.5)  # every idle stream reached the server
+            poll_until(  # every idle stream reached the server (and the writer's)
+                lambda: proc.scrape_metrics().get(SESSIONS_IN_FLIGHT, 0) >= CAP,
+                "the idle streams open at the server",
+            )
             with pytest.raises(grpc.RpcError) as info:
                 next(stub.Session(idle_requests(stop), timeout=5))
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

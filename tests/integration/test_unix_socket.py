@@ -28,6 +28,7 @@ def socket_path(tmp_path: Path) -> Iterator[Path]:
         yield Path(short) / "dstl.sock"
 
 
+@pytest.mark.slow
 def test_unix_socket_only(tmp_path: Path, socket_path: Path) -> None:
     """``--listen ''`` serves on the socket only; the client takes ``unix://``."""
     root = tmp_path / "srv"
@@ -53,6 +54,7 @@ def test_unix_socket_only(tmp_path: Path, socket_path: Path) -> None:
     assert not socket_path.exists()
 
 
+@pytest.mark.slow
 def test_tcp_and_unix_socket_serve_one_registry(tmp_path: Path, socket_path: Path) -> None:
     root = tmp_path / "srv"
     with ServerProcess(root, unix_socket=str(socket_path)) as proc:
@@ -77,6 +79,7 @@ def test_tcp_and_unix_socket_serve_one_registry(tmp_path: Path, socket_path: Pat
     assert not socket_path.exists()
 
 
+@pytest.mark.slow
 def test_stale_socket_file_is_replaced(tmp_path: Path, socket_path: Path) -> None:
     """A socket left by a crashed sidecar does not stop the next one from starting."""
     root = tmp_path / "srv"

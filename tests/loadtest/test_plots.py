@@ -88,6 +88,7 @@ def engines() -> list[EngineBatches]:
     ]
 
 
+@pytest.mark.slow
 @needs_matplotlib
 def test_checkpoint_vs_state_writes_a_small_png(tmp_path: Path) -> None:
     out = draw_checkpoint_vs_state(checkpoint_series(), tmp_path / "sub" / "c.png", "a title")

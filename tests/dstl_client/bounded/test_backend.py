@@ -182,6 +182,7 @@ def _read(ctx: KeyedContext) -> tuple[Any, ...]:
     )
 
 
+@pytest.mark.slow
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -22,16 +22,9 @@ from dstl_client.coordinator.batches import (
 )
 from dstl_client.core.handle import ChangelogHandle, HandleEntry
 from dstl_client.keygroups import key_group_range_for_operator
+from tests.fakes import ManualClock
 
 MAX_P = 8
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def plan(
@@ -78,7 +71,7 @@ def result(batch: int, i: int, p: int, mat_batch: int = NO_BATCH, error: str = "
 
 
 def test_a_round_starts_when_due_runs_across_batches_and_completes() -> None:
-    clock = Clock()
+    clock = ManualClock()
     s = MaterializationSchedule(clock)
     assert s.plan(4, 2, interval_s=10, timeout_s=600) == (False, NO_BATCH)  # not due yet
     clock.now += 10
@@ -107,7 +100,7 @@ def test_a_round_starts_when_due_runs_across_batches_and_completes() -> None:
 
 
 def test_reports_of_other_rounds_and_repeated_ones_are_dropped() -> None:
-    clock = Clock()
+    clock = ManualClock()
     s = MaterializationSchedule(clock)
     clock.now += 1
     assert s.plan(2, 2, 0, 600) == (True, 2)
@@ -130,7 +123,7 @@ def test_reports_of_other_rounds_and_repeated_ones_are_dropped() -> None:
 
 
 def test_every_round_has_an_id_of_its_own() -> None:
-    clock = Clock()
+    clock = ManualClock()
     s = MaterializationSchedule(clock)
     assert s.round_id == ""  # none in flight
     ids = []
@@ -147,7 +140,7 @@ def test_every_round_has_an_id_of_its_own() -> None:
 
 
 def test_failed_rounds_count_in_a_row_and_stop_the_job() -> None:
-    clock = Clock()
+    clock = ManualClock()
     s = MaterializationSchedule(clock)
     for n in range(1, 4):
         clock.now += 1
@@ -172,7 +165,7 @@ def test_failed_rounds_count_in_a_row_and_stop_the_job() -> None:
 
 
 def test_a_round_not_finished_in_time_fails_and_a_rescale_abandons_one() -> None:
-    clock = Clock()
+    clock = ManualClock()
     s = MaterializationSchedule(clock)
     clock.now += 1
     assert s.plan(1, 2, 0, timeout_s=60) == (True, 1)
@@ -193,7 +186,7 @@ def test_a_round_not_finished_in_time_fails_and_a_rescale_abandons_one() -> None
 @pytest.mark.parametrize("reason", [MAT_PROCESS_EXITED, MAT_NOT_HERE])
 def test_after_a_lost_upload_the_next_rounds_wait_inside_their_batch(reason: str) -> None:
     """A worker that exited, or a subtask whose next task ran on another node."""
-    clock = Clock()
+    clock = ManualClock()
     s = MaterializationSchedule(clock)
     assert s.wait_s(0.0, 600.0) == 0.0
     clock.now += 1
@@ -245,7 +238,7 @@ def test_the_tail_trigger_weighs_the_replayed_changelog_against_the_materialized
 
 
 def test_a_tail_over_the_ratio_starts_a_round_before_the_interval() -> None:
-    clock = Clock()
+    clock = ManualClock()
     s = MaterializationSchedule(clock)
     assert s.plan(4, 2, interval_s=3600, timeout_s=600) == (False, NO_BATCH)
     assert s.plan(4, 2, 3600, 600, tail_due=True) == (True, 4)

@@ -23,7 +23,7 @@ from dstl_client.coordinator.metadata import S3MetadataStore
 from dstl_client.coordinator.storage import CheckpointExists
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3
-from tests.dstl_client.coordinator.test_metadata_store import s3_env
+from tests.dstl_client.coordinator._helpers import s3_env
 from tests.dstl_client.state._jobs import (
     MAX_P,
     final_state,

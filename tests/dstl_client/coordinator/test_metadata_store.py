@@ -30,15 +30,8 @@ from dstl_client.coordinator.metadata import (
 from dstl_client.core.atomic import TEMP_SUFFIX
 from dstl_client.core.errors import ConfigError
 from dstl_server.testing_s3 import SeaweedS3
+from tests.dstl_client.coordinator._helpers import s3_env
 from tests.fakes import MemoryMetadataStore
-
-
-def s3_env(monkeypatch: pytest.MonkeyPatch, s3: SeaweedS3) -> None:
-    """The server's credentials through the standard AWS variables (boto3's default chain)."""
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in s3.env().items():
-        monkeypatch.setenv(name, value)
 
 
 def open_s3(s3: SeaweedS3, prefix: str) -> MetadataStore:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,24 +25,9 @@ from dstl_client.coordinator.storage import (
 )
 from dstl_client.core.atomic import is_temp_name
 from dstl_client.core.errors import InvalidArgument
-from dstl_client.core.handle import ChangelogHandle, HandleEntry
+from tests.dstl_client.coordinator._helpers import handle, result
 
 MAX_P = 8
-
-
-def handle(rng: tuple[int, int], *objects: str) -> ChangelogHandle:
-    entries = tuple(HandleEntry(o, 0, 10, i, i + 1) for i, o in enumerate(objects))
-    return ChangelogHandle("job", uuid.uuid4().hex, rng, 0, len(objects), entries)
-
-
-def result(
-    index: int,
-    rng: tuple[int, int],
-    batch: int,
-    log: ChangelogHandle | None,
-    mat: MatResult | None = None,
-) -> TaskResult:
-    return TaskResult(index, rng[0], rng[1], batch, f"a{batch}-{index}", log, mat)
 
 
 def test_kg_map_compression_round_trips() -> None:

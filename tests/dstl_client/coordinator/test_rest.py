@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,9 +20,9 @@ from dstl_client.coordinator.rest import CheckpointConfigServer
 from dstl_client.coordinator.watchdog import CheckpointTimedOut
 from dstl_client.core.errors import ConfigError
 from dstl_server.testing import ServerProcess
-from tests.dstl_client.state._jobs import make_batches, make_coordinator, runner
-
-ROWS = make_batches(1, rows=50, keys=10)[0]
+from tests.dstl_client.coordinator._helpers import ROWS
+from tests.dstl_client.state._jobs import make_coordinator, runner
+from tests.fakes import ManualClock
 
 
 @pytest.fixture
@@ -124,15 +123,17 @@ def _slow_batch(coord: CheckpointCoordinator, client: ChangelogClient, during: A
 def test_a_longer_timeout_rescues_the_batch_in_flight(
     tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
 ) -> None:
-    coord = make_coordinator(tmp_path, sidecar.address, job_id="extend", checkpoint_timeout_s=0.5)
+    clock = ManualClock()
+    coord = make_coordinator(
+        tmp_path, sidecar.address, job_id="extend", checkpoint_timeout_s=0.5, clock=clock
+    )
     aborted: list[int] = []
     coord.on_timeout = aborted.append
     coord.start_watchdog(0.02)
 
     def extend_then_wait() -> None:
         coord.update_config(checkpoint_timeout_ms=30_000)
-        # wall time must pass the old timeout (the watchdog thread reads the real clock)
-        time.sleep(0.8)
+        clock.advance(0.8)  # past the old timeout (the watchdog thread reads this clock)
 
     record = _slow_batch(coord, client, extend_then_wait)
     assert record.batch_id == 0 and aborted == []
@@ -142,12 +143,15 @@ def test_a_longer_timeout_rescues_the_batch_in_flight(
 def test_a_shorter_timeout_aborts_the_batch_in_flight(
     tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
 ) -> None:
-    coord = make_coordinator(tmp_path, sidecar.address, job_id="shrink-t", checkpoint_timeout_s=30)
+    clock = ManualClock()
+    coord = make_coordinator(
+        tmp_path, sidecar.address, job_id="shrink-t", checkpoint_timeout_s=30, clock=clock
+    )
     aborted: list[int] = []
     coord.on_timeout = aborted.append
 
     def shrink() -> None:
-        time.sleep(0.3)  # wall time the batch has run: more than the new timeout
+        clock.advance(0.3)  # the time the batch has run: more than the new timeout
         coord.update_config(checkpoint_timeout_ms=100)  # elapsed > new timeout: abort now
         assert aborted == [0]
 

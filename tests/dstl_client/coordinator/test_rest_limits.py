@@ -20,7 +20,7 @@ from dstl_client.coordinator.rest import (
 )
 from dstl_client.core.errors import ConfigError
 from dstl_server.testing import ServerProcess
-from tests.dstl_client.coordinator.test_rest import ROWS
+from tests.dstl_client.coordinator._helpers import ROWS
 from tests.dstl_client.state._jobs import make_coordinator, runner
 
 CAP = 4

@@ -13,7 +13,7 @@ from dstl_client.coordinator.config import CoordinatorConfig
 from dstl_client.coordinator.retention import RetainedCheckpoints
 from dstl_client.coordinator.storage import CheckpointStorage
 from dstl_client.core.errors import SidecarUnavailable
-from tests.dstl_client.coordinator.test_records import handle, result
+from tests.dstl_client.coordinator._helpers import handle, result
 
 MAX_P = 8
 

@@ -341,6 +341,7 @@ def test_config_takes_the_job_id_beside_the_checkpoint_dir_and_no_sidecar_flags(
 # ---------------------------------------------------- the console script
 
 
+@pytest.mark.slow
 def test_the_installed_console_script(job: Job) -> None:
     script = Path(sys.executable).parent / "dstl"
     if not script.exists():

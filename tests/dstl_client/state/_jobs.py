@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,7 @@ def make_coordinator(
     client: ChangelogClient | None = None,
     sweeper: SweeperFactory | None = None,
     state_dir: str | None = None,
+    clock: Callable[[], float] = time.monotonic,
     **kw: Any,
 ) -> CheckpointCoordinator:
     # these jobs check what each batch recorded: a task waits for the materialization it
@@ -117,7 +119,7 @@ def make_coordinator(
         fsync=False,
         **kw,
     )
-    coord = CheckpointCoordinator(cfg, client=client, sweeper=sweeper)
+    coord = CheckpointCoordinator(cfg, client=client, sweeper=sweeper, clock=clock)
     coord.start()
     return coord
 

@@ -180,6 +180,7 @@ _change = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(
     st.dictionaries(_keys, st.binary(max_size=4)),

@@ -70,6 +70,7 @@ def oversized(n_big: int, swallow: bool) -> Any:
     return fn
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("batch_bytes", "n_big", "swallow", "error"),
     [

@@ -83,6 +83,22 @@ def test_key_bytes_and_row_keys_are_those_of_the_per_key_apis() -> None:
     assert back_ms.equals(ms) and back_kb.equals(kb)
 
 
+@pytest.mark.parametrize(
+    "keys",
+    [[b"abc", b"de"], [b"user-" + b"x" * 40, b"user-" + b"y" * 30, b"z" * 7]],
+    ids=["short", "long"],
+)
+def test_index_rows_of_several_keys_split_back(keys: list[bytes]) -> None:
+    """Two or more due timers in one range split back to their times and keys (pyarrow
+    26's ``binary_slice`` without a stop fails on some such arrays: the split gives one)."""
+    kb = pa.array(keys, pa.binary())
+    ms = pa.array([3, 1_700_000_000_000, -2][: len(keys)], pa.int64())
+    back_ms, back_kb = split_index_rows(
+        TIMER_INDEX_PREFIX, index_row_keys(TIMER_INDEX_PREFIX, ms, kb)
+    )
+    assert back_ms.equals(ms) and back_kb.equals(kb)
+
+
 def test_logged_changes_decode_as_puts_and_deletes() -> None:
     k = pa.array([b"a", b"bb" * 100], pa.binary())
     for v in (pa.array([b"1", None], pa.binary()), None):
