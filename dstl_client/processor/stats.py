@@ -37,6 +37,10 @@ class ProcessorStats:
     output_rows: int = 0
     #: state rows of the task's key groups after the batch (``-1``: not counted)
     state_rows: int = 0
+    #: wall ms reading the state of the batch's keys in bulk (vectorized tasks; else 0)
+    state_read_ms: int = 0
+    #: wall ms writing and logging the batch's state changes in bulk (vectorized tasks)
+    state_write_ms: int = 0
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -115,6 +119,8 @@ class BatchFigures:
             "lateRowsDropped": p.late_rows_dropped,
             "lateRowsPassed": p.late_rows_passed,
             "initialStateRows": p.initial_state_rows,
+            "stateReadMs": p.state_read_ms,
+            "stateWriteMs": p.state_write_ms,
         }
 
     def describe(self) -> str:

@@ -102,8 +102,10 @@ def run_batch(
         extra = extra.take(extra_first)
         known_kb = pa.concat_arrays([keys, extra.column("kb").combine_chunks()])
         known_kg = pa.concat_arrays([key_kgs, extra.column("kg").combine_chunks()])
+        read_t0 = time.perf_counter()
         stored = read_rows(store, pa.table({"kg": known_kg, "k": state_row_keys(known_kb)}))
         columns, present, expiry = codec.decode(stored.column("v").combine_chunks())
+        read_s = time.perf_counter() - read_t0
         if spec.ttl_ms is not None:
             present = present & (expiry > now)
             mask = pa.array(present, pa.bool_())
@@ -135,6 +137,7 @@ def run_batch(
                 f"the function returned a {type(out).__name__}, not a BatchOutput"
             )
         output = table_of(out.output, "output", list(spec.output_schema))
+        write_t0 = time.perf_counter()
         update = StateUpdate(spec, codec, store, known_kb, known_kg, now, plan.max_parallelism)
         apply_changes(task.backend, update.changes(out, due))
         evicted = 0
@@ -142,6 +145,7 @@ def run_batch(
             cleanup, evicted = update.ttl_cleanup()
             apply_changes(task.backend, cleanup)
         t2 = time.perf_counter()
+        write_s = t2 - write_t0
         task.stats = replace(
             task.stats,
             rows=rows.num_rows,
@@ -159,6 +163,8 @@ def run_batch(
         ttl_evicted=evicted,
         output_rows=output.num_rows,
         state_rows=-1,
+        state_read_ms=round(read_s * 1000),
+        state_write_ms=round(write_s * 1000),
     )
     result = replace(result, stats=replace(result.stats, task_s=round(time.perf_counter() - t0, 4)))
     return VectorRun(result=result, stats=stats, output=output)
