@@ -1,21 +1,36 @@
-"""Statistics, the table, the goals and the Markdown report."""
+"""Statistics per engine, the goals, and the report (Markdown, JSON and PNG side by side)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from loadtest.api_bench.config import ENGINE_NAMES, GOAL_FLAT, GOAL_SPEEDUP, BenchConfig
-from loadtest.api_bench.job import Batch, EngineRun
-from loadtest.plots import EngineBatches, attempt, draw_batch_time_by_engine
+from loadtest.api_bench.config import (
+    ENGINE_NAMES,
+    GOAL_FLAT,
+    GOAL_SPEEDUP,
+    GOAL_TOUCHED,
+    GOAL_VEC_VS_JVM,
+    GOAL_VEC_VS_PROCESSOR,
+    GOAL_VEC_VS_TWS,
+    BenchConfig,
+)
+from loadtest.api_bench.figures import Batch, EngineRun
+from loadtest.api_bench.plot import EnginePlot, draw_api_bench
+from loadtest.plots import EngineBatches, attempt
 
 #: the engines' names under the bars of the plot (two short lines each)
 PLOT_NAMES = {
     "tws": "Spark\ntransformWithStateInPandas",
     "apply": "Spark\napplyInPandasWithState",
     "dstl": "dstl\ntransform_with_state",
+    "vec": "dstl\ntransform_batches",
+    "jvm": "Spark JVM\ngroupBy().agg()",
 }
 
 
@@ -28,7 +43,9 @@ def pct(values: Sequence[float], q: float) -> float:
 
 
 def med(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
+    """The median of the finite ``values``; NaN if none."""
+    finite = [v for v in values if v == v]
+    return statistics.median(finite) if finite else float("nan")
 
 
 def measured(runs: Sequence[EngineRun], warmup: int) -> list[EngineRun]:
@@ -55,70 +72,186 @@ def ckpt_growth(run: EngineRun, state_only: bool = False) -> tuple[float, float]
     return med([f(b) for b in first]), med([f(b) for b in last])
 
 
+def ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """One engine's figures over its measured batches. Frozen."""
+
+    engine: str
+    batches: int
+    batch_ms: float
+    batch_p90_ms: float
+    #: distinct keys of a batch per second of its batch time, median
+    keys_per_s: float
+    checkpoint_ms: float
+    state_commit_ms: float
+    state_commit_first_ms: float
+    state_commit_last_ms: float
+    wall_s: float
+    error: str | None
+    #: 1-minute load average when the engine started and when it ended
+    load: tuple[float, float]
+
+    @classmethod
+    def of(cls, run: EngineRun, distinct: Sequence[int], load: tuple[float, float]) -> EngineStats:
+        t = [b.trigger_ms for b in run.batches]
+        kps = [
+            distinct[b.batch_id] / (b.trigger_ms / 1000) for b in run.batches if b.trigger_ms > 0
+        ]
+        sf, sl = ckpt_growth(run, state_only=True)
+        return cls(
+            run.engine,
+            len(run.batches),
+            med(t),
+            pct(t, 0.9),
+            med(kps),
+            med([b.checkpoint_ms for b in run.batches]),
+            med([b.state_commit_ms for b in run.batches]),
+            sf,
+            sl,
+            run.wall_s,
+            run.error,
+            load,
+        )
+
+
 def _fmt(x: float) -> str:
     return "n/a" if x != x else f"{x:,.0f}"
 
 
-def table(runs: Sequence[EngineRun]) -> str:
+def table(stats: Sequence[EngineStats]) -> str:
     head = (
-        "| engine | batches | batch ms median / p90 / max | checkpoint ms median / p90 / max "
-        "| checkpoint ms first → last third | state commit ms first → last third | wall s |\n"
-        "| --- | --- | --- | --- | --- | --- | --- |"
+        "| engine | batches | batch ms median / p90 | keys/s | checkpoint ms median "
+        "| state commit ms median (first → last third) | wall s | load 1-min |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )
     lines = [head]
-    for r in runs:
-        t = [b.trigger_ms for b in r.batches]
-        c = [b.checkpoint_ms for b in r.batches]
-        f, la = ckpt_growth(r)
-        sf, sl = ckpt_growth(r, state_only=True)
-        note = f" ({r.error})" if r.error else ""
+    for s in stats:
+        note = f" ({s.error})" if s.error else ""
         lines.append(
-            f"| {ENGINE_NAMES[r.engine]}{note} | {len(r.batches)} "
-            f"| {_fmt(med(t))} / {_fmt(pct(t, 0.9))} / {_fmt(max(t, default=float('nan')))} "
-            f"| {_fmt(med(c))} / {_fmt(pct(c, 0.9))} / {_fmt(max(c, default=float('nan')))} "
-            f"| {_fmt(f)} → {_fmt(la)} | {_fmt(sf)} → {_fmt(sl)} | {r.wall_s:,.1f} |"
+            f"| {ENGINE_NAMES[s.engine]}{note} | {s.batches} "
+            f"| {_fmt(s.batch_ms)} / {_fmt(s.batch_p90_ms)} | {_fmt(s.keys_per_s)} "
+            f"| {_fmt(s.checkpoint_ms)} | {_fmt(s.state_commit_ms)} "
+            f"({_fmt(s.state_commit_first_ms)} → {_fmt(s.state_commit_last_ms)}) "
+            f"| {s.wall_s:,.1f} | {s.load[0]:.1f} → {s.load[1]:.1f} |"
         )
     return "\n".join(lines)
 
 
-def goals(runs: Sequence[EngineRun]) -> list[tuple[bool | None, str]]:
-    """``(passed, line)`` per goal; ``None``: not measured."""
-    by = {r.engine: r for r in runs if r.batches}
-    out: list[tuple[bool | None, str]] = []
-    if "dstl" in by and "tws" in by:
-        d = med([b.trigger_ms for b in by["dstl"].batches])
-        t = med([b.trigger_ms for b in by["tws"].batches])
-        speedup = t / d if d > 0 else float("inf")
-        out.append(
-            (
-                speedup >= GOAL_SPEEDUP,
-                f"dstl at least {GOAL_SPEEDUP:g}x faster per batch than "
-                f"transformWithStateInPandas: median {d:,.0f} ms vs {t:,.0f} ms = "
-                f"{speedup:.2f}x",
-            )
-        )
-    else:
-        out.append((None, "dstl vs transformWithStateInPandas per batch: not measured"))
-    if "dstl" in by:
-        # dstl's own checkpoint figure; with Spark's offset and commit logs in brackets
-        f, la = ckpt_growth(by["dstl"], state_only=True)
-        tf, tl = ckpt_growth(by["dstl"])
-        ratio = la / f if f > 0 else float("inf")
-        out.append(
-            (
-                ratio <= GOAL_FLAT,
-                f"dstl checkpoint flat in state size: last-third median {la:,.0f} ms vs "
-                f"first-third {f:,.0f} ms = {ratio:.2f}x (bound {GOAL_FLAT:g}x; with the "
-                f"offset and commit logs {tl:,.0f} vs {tf:,.0f} ms = {tl / tf if tf > 0 else float('inf'):.2f}x)",
-            )
-        )
-    else:
-        out.append((None, "dstl checkpoint flatness: not measured"))
-    return out
+Goal = tuple[bool | None, str]
+
+
+def _faster(by: dict[str, EngineStats], fast: str, slow: str, bound: float, what: str) -> Goal:
+    if fast not in by or slow not in by:
+        return None, f"{what}: not measured (needs engines {fast} and {slow})"
+    f, s = by[fast].batch_ms, by[slow].batch_ms
+    x = ratio(s, f)
+    return x >= bound, f"{what}: median {f:,.0f} ms vs {s:,.0f} ms = {x:.1f}x (goal >= {bound:g}x)"
+
+
+def _flat(by: dict[str, EngineStats], engine: str) -> Goal:
+    what = f"{engine} checkpoint flat in state size"
+    if engine not in by:
+        return None, f"{what}: not measured"
+    s = by[engine]
+    x = ratio(s.state_commit_last_ms, s.state_commit_first_ms)
+    if x != x:
+        return None, f"{what}: the engine reported no checkpoint time"
+    return (
+        x <= GOAL_FLAT,
+        f"{what}: last-third median {s.state_commit_last_ms:,.0f} ms vs first-third "
+        f"{s.state_commit_first_ms:,.0f} ms = {x:.2f}x (goal <= {GOAL_FLAT:g}x)",
+    )
+
+
+def _vs_jvm(by: dict[str, EngineStats]) -> Goal:
+    what = f"vec within {GOAL_VEC_VS_JVM:g}x of Spark's JVM aggregation per batch"
+    if "vec" not in by or "jvm" not in by:
+        return None, f"{what}: not measured (needs engines vec and jvm)"
+    v, j = by["vec"].batch_ms, by["jvm"].batch_ms
+    x = ratio(v, j)
+    beats = f"; beats it by {j / v:.2f}x" if v < j else ""
+    return (
+        x <= GOAL_VEC_VS_JVM,
+        f"{what}: median {v:,.0f} ms vs {j:,.0f} ms = {x:.2f}x the JVM's{beats}",
+    )
+
+
+def touched(run: EngineRun, distinct: Sequence[int], keys_after: Sequence[int]) -> Goal:
+    """The vectorized state read + write per touched key: first third vs last third."""
+    what = "vec state read + write per batch proportional to keys touched, not state size"
+    if not run.batches:
+        return None, f"{what}: not measured"
+    own = all(b.state_rw_ms == b.state_rw_ms for b in run.batches)
+
+    def per_key(b: Batch) -> float:
+        return (b.state_rw_ms if own else b.trigger_ms) / max(1, distinct[b.batch_id])
+
+    first, last = thirds(run.batches)
+    f, la = med([per_key(b) for b in first]), med([per_key(b) for b in last])
+    grew = ratio(
+        med([keys_after[b.batch_id] for b in last]), med([keys_after[b.batch_id] for b in first])
+    )
+    x = ratio(la, f)
+    src = (
+        "stateReadMs + stateWriteMs"
+        if own
+        else "bound: the whole batch time (the engine reports no stateReadMs/stateWriteMs)"
+    )
+    return (
+        x <= GOAL_TOUCHED,
+        f"{what} ({src}): {f * 1000:,.1f} → {la * 1000:,.1f} µs per touched key, first → "
+        f"last third = {x:.2f}x while the state grew {grew:.1f}x (goal <= {GOAL_TOUCHED:g}x)",
+    )
+
+
+def goals(
+    stats: Sequence[EngineStats],
+    runs: Sequence[EngineRun],
+    distinct: Sequence[int],
+    keys_after: Sequence[int],
+) -> list[Goal]:
+    """``(passed, line)`` per goal, over the measured batches; ``None``: not measured."""
+    by = {s.engine: s for s in stats if s.batches}
+    vec = next((r for r in runs if r.engine == "vec"), EngineRun("vec"))
+    return [
+        _faster(
+            by,
+            "vec",
+            "tws",
+            GOAL_VEC_VS_TWS,
+            "vec faster per batch than transformWithStateInPandas",
+        ),
+        _faster(
+            by,
+            "vec",
+            "dstl",
+            GOAL_VEC_VS_PROCESSOR,
+            "vec faster per batch than the per-key processor",
+        ),
+        _vs_jvm(by),
+        _flat(by, "vec"),
+        touched(vec, distinct, keys_after),
+        _faster(
+            by,
+            "dstl",
+            "tws",
+            GOAL_SPEEDUP,
+            "per-key processor faster than transformWithStateInPandas",
+        ),
+        _flat(by, "dstl"),
+    ]
+
+
+def status(ok: bool | None) -> str:
+    return "PASS" if ok else "MISS" if ok is False else "N/A"
 
 
 def goal_line(ok: bool | None, line: str) -> str:
-    return f"{'PASS' if ok else 'MISS' if ok is False else 'N/A'}: {line}"
+    return f"{status(ok)}: {line}"
 
 
 def per_batch(runs: Sequence[EngineRun], keys_after: Sequence[int]) -> str:
@@ -130,7 +263,7 @@ def per_batch(runs: Sequence[EngineRun], keys_after: Sequence[int]) -> str:
         cells = []
         for m in by:
             b = m.get(i)
-            cells.append("" if b is None else f"{b.trigger_ms:,.0f} / {b.checkpoint_ms:,.0f}")
+            cells.append("" if b is None else f"{b.trigger_ms:,.0f} / {_fmt(b.checkpoint_ms)}")
         lines.append(f"| {i} | {keys:,} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -149,66 +282,12 @@ def engine_batches(runs: Sequence[EngineRun], warmup: int) -> list[EngineBatches
     ]
 
 
-def write_report(
-    report_dir: Path,
-    cfg: BenchConfig,
-    runs: Sequence[EngineRun],
-    keys_after: Sequence[int],
-    distinct: Sequence[int],
-    seconds: float,
-    load: tuple[float, float],
-    command: str,
-) -> Path:
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    report_dir.mkdir(parents=True, exist_ok=True)
-    path = report_dir / f"api-{stamp}.md"
-    stats = measured(runs, cfg.warmup)
-    png = path.with_suffix(".png")
-    why_not = attempt(
-        lambda: draw_batch_time_by_engine(
-            engine_batches(runs, cfg.warmup),
-            png,
-            f"{cfg.rows:,} rows per batch, {cfg.keys:,} keys in state at the end, "
-            f"local[{cfg.parallelism}]; load average {load[0]:.1f} -> {load[1]:.1f}",
-        )
-    )
-    picture = f"![batch time by engine]({png.name})" if why_not is None else f"(no plot: {why_not})"
-    text = f"""# State API benchmark ({stamp})
-
-Command: `{command}`
-
-The same stateful job (a count and a sum per key in value state, one output row per key
-and batch) on the same streaming Parquet input, one file per micro-batch
-(`maxFilesPerTrigger=1`, `availableNow`), `local[{cfg.parallelism}]`,
-{cfg.parallelism} shuffle (state) partitions, Spark UI off, loopback only. Each batch has
-{cfg.rows:,} rows: {cfg.new_per_batch:,} new keys once each, the rest on random earlier
-keys; {cfg.batches} batches, {cfg.new_per_batch * cfg.batches:,} keys in state at the end.
-
-Batch = Spark's `durationMs.triggerExecution`. Checkpoint = `walCommit` + `commitOffsets`
-+ the state's own commit (Spark: the state operator's `commitTimeMs`, RocksDB provider;
-dstl: `lastProgress["dstl"]["checkpointDurationMs"]`). Load average (1 min) at start
-{load[0]:.2f}, at end {load[1]:.2f}; total {seconds:,.0f} s. The statistics leave out
-the first {cfg.warmup} batch(es) (warm-up: Python workers, JIT, stores opening); the
-per-batch table has them all. Wall s: the whole query, warm-up included.
-
-{table(stats)}
-
-{picture}
-
-## Goals
-
-{chr(10).join("- " + goal_line(ok, line) for ok, line in goals(stats))}
-
-## Per batch
-
-{per_batch(runs, keys_after)}
-
-## Checks
-
-{chr(10).join(check_lines(runs, distinct))}
-"""
-    path.write_text(text)
-    return path
+def engine_plots(runs: Sequence[EngineRun], warmup: int) -> list[EnginePlot]:
+    ran = [r for r in runs if r.batches]
+    return [
+        EnginePlot(e, tuple(b.state_commit_ms for b in r.batches))
+        for e, r in zip(engine_batches(ran, warmup), ran, strict=True)
+    ]
 
 
 def check_lines(runs: Sequence[EngineRun], distinct: Sequence[int]) -> list[str]:
@@ -225,3 +304,117 @@ def check_lines(runs: Sequence[EngineRun], distinct: Sequence[int]) -> list[str]
             )
         )
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One run's results, whatever writes them out. Frozen."""
+
+    cfg: BenchConfig
+    runs: tuple[EngineRun, ...]
+    loads: tuple[tuple[float, float], ...]
+    distinct: tuple[int, ...]
+    seconds: float
+    command: str
+
+    @property
+    def keys_after(self) -> list[int]:
+        return [self.cfg.new_per_batch * (b + 1) for b in range(self.cfg.batches)]
+
+    @property
+    def stats(self) -> list[EngineStats]:
+        return [
+            EngineStats.of(r, self.distinct, load)
+            for r, load in zip(measured(self.runs, self.cfg.warmup), self.loads, strict=True)
+        ]
+
+    @property
+    def goals(self) -> list[Goal]:
+        return goals(
+            self.stats, measured(self.runs, self.cfg.warmup), self.distinct, self.keys_after
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "command": self.command,
+            "config": json.loads(self.cfg.to_json()),
+            "seconds": self.seconds,
+            "distinct_keys_per_batch": list(self.distinct),
+            "keys_after": self.keys_after,
+            "stats": [asdict(s) for s in self.stats],
+            "goals": [{"status": status(ok), "line": line} for ok, line in self.goals],
+            "runs": [r.to_json() for r in self.runs],
+        }
+
+    def summary(self) -> str:
+        """What the command line prints at the end."""
+        c = self.cfg
+        return "\n".join(
+            [
+                f"batches {c.warmup}..{c.batches - 1} (the first {c.warmup} left out: warm-up)",
+                table(self.stats),
+                *(goal_line(ok, line) for ok, line in self.goals),
+            ]
+        )
+
+
+def write_report(report_dir: Path, rep: Report) -> Path:
+    """``api-<UTC time>.md`` with a ``.json`` and a ``.png`` beside it; returns the ``.md``."""
+    cfg = rep.cfg
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    report_dir.mkdir(parents=True, exist_ok=True)
+    path = report_dir / f"api-{stamp}.md"
+    png = path.with_suffix(".png")
+    lo = min((a for a, _ in rep.loads), default=0.0)
+    hi = max((b for _, b in rep.loads), default=0.0)
+    why_not = attempt(
+        lambda: draw_api_bench(
+            engine_plots(rep.runs, cfg.warmup),
+            rep.keys_after,
+            png,
+            f"count and sum per key: {cfg.rows:,} rows per batch, {cfg.keys:,} keys in state "
+            f"at the end, local[{cfg.parallelism}]; 1-min load average {lo:.1f}-{hi:.1f}",
+        )
+    )
+    picture = f"![batch time by engine]({png.name})" if why_not is None else f"(no plot: {why_not})"
+    path.with_suffix(".json").write_text(json.dumps(rep.to_json(), indent=1))
+    text = f"""# State API benchmark ({stamp}, preset {cfg.preset})
+
+Command: `{rep.command}`
+
+The same stateful job (issue 20's reference job: input `k long, v long`; a count and a
+sum per key in state; in Update mode one output row `k, count, total` per key of the
+batch) on the same streaming Parquet input, one file per micro-batch
+(`maxFilesPerTrigger=1`, `availableNow`), each engine in its own process (its own Spark
+session, `local[{cfg.parallelism}]`, {cfg.parallelism} shuffle / state partitions; the
+dstl engines with their own `dstl-server`), Spark UI off, loopback only. Spark's state:
+RocksDB provider, changelog checkpointing on. Each batch has {cfg.rows:,} rows:
+{cfg.new_per_batch:,} new keys once each, the rest on random earlier keys;
+{cfg.batches} batches, {cfg.new_per_batch * cfg.batches:,} keys in state at the end.
+
+Batch = Spark's `durationMs.triggerExecution`; keys/s = the batch's distinct keys per
+second of it. Checkpoint = `walCommit` + `commitOffsets` + the state's own commit (Spark:
+the state operator's `commitTimeMs`; dstl: `progress["dstl"]["checkpointDurationMs"]`).
+Load: the 1-minute load average when each engine started and ended (the machine is
+shared); total {rep.seconds:,.0f} s. The statistics leave out the first {cfg.warmup}
+batch(es) (warm-up: Python workers, JIT, stores opening); the per-batch table has them
+all. Wall s: the whole query, warm-up included.
+
+{table(rep.stats)}
+
+{picture}
+
+## Goals
+
+{chr(10).join("- " + goal_line(ok, line) for ok, line in rep.goals)}
+
+## Per batch
+
+{per_batch(rep.runs, rep.keys_after)}
+
+## Checks
+
+{chr(10).join(check_lines(rep.runs, rep.distinct))}
+"""
+    path.write_text(text)
+    return path
