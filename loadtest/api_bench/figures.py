@@ -16,6 +16,11 @@ from loadtest.api_bench.config import DSTL_ENGINES
 NAN = float("nan")
 
 
+def json_safe(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with its NaN values as None (JSON has no NaN)."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in doc.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class Batch:
     """One micro-batch of one engine, from Spark's progress. Frozen."""
@@ -40,10 +45,7 @@ class Batch:
         return self.log_ms + self.state_commit_ms
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            k: None if isinstance(v, float) and math.isnan(v) else v
-            for k, v in asdict(self).items()
-        }
+        return json_safe(asdict(self))
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Batch:

@@ -20,7 +20,7 @@ from loadtest.api_bench.config import (
     GOAL_VEC_VS_TWS,
     BenchConfig,
 )
-from loadtest.api_bench.figures import Batch, EngineRun
+from loadtest.api_bench.figures import Batch, EngineRun, json_safe
 from loadtest.api_bench.plot import EnginePlot, draw_api_bench
 from loadtest.plots import EngineBatches, attempt
 
@@ -341,7 +341,7 @@ class Report:
             "seconds": self.seconds,
             "distinct_keys_per_batch": list(self.distinct),
             "keys_after": self.keys_after,
-            "stats": [asdict(s) for s in self.stats],
+            "stats": [json_safe(asdict(s)) for s in self.stats],
             "goals": [{"status": status(ok), "line": line} for ok, line in self.goals],
             "runs": [r.to_json() for r in self.runs],
         }
