@@ -6,5 +6,6 @@
 """
 
 from dstl_client.vectorized.api import BatchFunction, BatchInput, BatchOutput
+from dstl_client.vectorized.transform import transform_batches
 
-__all__ = ["BatchFunction", "BatchInput", "BatchOutput"]
+__all__ = ["BatchFunction", "BatchInput", "BatchOutput", "transform_batches"]
