@@ -84,6 +84,8 @@ class EngineStats:
     batches: int
     batch_ms: float
     batch_p90_ms: float
+    #: Spark's ``addBatch`` (the stateful stage and the sink), median
+    add_batch_ms: float
     #: distinct keys of a batch per second of its batch time, median
     keys_per_s: float
     checkpoint_ms: float
@@ -107,6 +109,7 @@ class EngineStats:
             len(run.batches),
             med(t),
             pct(t, 0.9),
+            med([b.add_batch_ms for b in run.batches]),
             med(kps),
             med([b.checkpoint_ms for b in run.batches]),
             med([b.state_commit_ms for b in run.batches]),
@@ -124,16 +127,17 @@ def _fmt(x: float) -> str:
 
 def table(stats: Sequence[EngineStats]) -> str:
     head = (
-        "| engine | batches | batch ms median / p90 | keys/s | checkpoint ms median "
+        "| engine | batches | batch ms median / p90 | addBatch ms | keys/s | checkpoint ms median "
         "| state commit ms median (first → last third) | wall s | load 1-min |\n"
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )
     lines = [head]
     for s in stats:
         note = f" ({s.error})" if s.error else ""
         lines.append(
             f"| {ENGINE_NAMES[s.engine]}{note} | {s.batches} "
-            f"| {_fmt(s.batch_ms)} / {_fmt(s.batch_p90_ms)} | {_fmt(s.keys_per_s)} "
+            f"| {_fmt(s.batch_ms)} / {_fmt(s.batch_p90_ms)} | {_fmt(s.add_batch_ms)} "
+            f"| {_fmt(s.keys_per_s)} "
             f"| {_fmt(s.checkpoint_ms)} | {_fmt(s.state_commit_ms)} "
             f"({_fmt(s.state_commit_first_ms)} → {_fmt(s.state_commit_last_ms)}) "
             f"| {s.wall_s:,.1f} | {s.load[0]:.1f} → {s.load[1]:.1f} |"
@@ -392,7 +396,8 @@ RocksDB provider, changelog checkpointing on. Each batch has {cfg.rows:,} rows:
 {cfg.new_per_batch:,} new keys once each, the rest on random earlier keys;
 {cfg.batches} batches, {cfg.new_per_batch * cfg.batches:,} keys in state at the end.
 
-Batch = Spark's `durationMs.triggerExecution`; keys/s = the batch's distinct keys per
+Batch = Spark's `durationMs.triggerExecution` (addBatch: its `addBatch` part, the
+stateful stage and the sink's count); keys/s = the batch's distinct keys per
 second of it. Checkpoint = `walCommit` + `commitOffsets` + the state's own commit (Spark:
 the state operator's `commitTimeMs`; dstl: `progress["dstl"]["checkpointDurationMs"]`).
 Load: the 1-minute load average when each engine started and ended (the machine is
