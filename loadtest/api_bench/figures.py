@@ -65,6 +65,9 @@ class EngineRun:
     batches: list[Batch] = field(default_factory=list)
     wall_s: float = 0.0
     error: str | None = None
+    #: CPU seconds (user + system) of the engine's whole process tree (its JVM, Python
+    #: workers and sidecar included), warm-up and start-up included; NaN: not measured
+    cpu_s: float = NAN
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,6 +75,7 @@ class EngineRun:
             "batches": [b.to_json() for b in self.batches],
             "wall_s": self.wall_s,
             "error": self.error,
+            "cpu_s": None if math.isnan(self.cpu_s) else self.cpu_s,
         }
 
     @classmethod
@@ -81,6 +85,7 @@ class EngineRun:
             [Batch.from_json(b) for b in raw["batches"]],
             float(raw["wall_s"]),
             None if raw.get("error") is None else str(raw["error"]),
+            NAN if raw.get("cpu_s") is None else float(raw["cpu_s"]),
         )
 
 

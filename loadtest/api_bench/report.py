@@ -20,7 +20,7 @@ from loadtest.api_bench.config import (
     GOAL_VEC_VS_TWS,
     BenchConfig,
 )
-from loadtest.api_bench.figures import Batch, EngineRun, json_safe
+from loadtest.api_bench.figures import NAN, Batch, EngineRun, json_safe
 from loadtest.api_bench.plot import EnginePlot, draw_api_bench
 from loadtest.plots import EngineBatches, attempt
 
@@ -51,7 +51,9 @@ def med(values: Sequence[float]) -> float:
 def measured(runs: Sequence[EngineRun], warmup: int) -> list[EngineRun]:
     """``runs`` without their first ``warmup`` batches (for the statistics)."""
     return [
-        EngineRun(r.engine, [b for b in r.batches if b.batch_id >= warmup], r.wall_s, r.error)
+        EngineRun(
+            r.engine, [b for b in r.batches if b.batch_id >= warmup], r.wall_s, r.error, r.cpu_s
+        )
         for r in runs
     ]
 
@@ -93,6 +95,9 @@ class EngineStats:
     state_commit_first_ms: float
     state_commit_last_ms: float
     wall_s: float
+    #: CPU seconds of the engine's process tree per batch it ran (start-up and warm-up
+    #: included)
+    cpu_per_batch_s: float
     error: str | None
     #: 1-minute load average when the engine started and when it ended
     load: tuple[float, float]
@@ -116,6 +121,7 @@ class EngineStats:
             sf,
             sl,
             run.wall_s,
+            run.cpu_s / (run.batches[-1].batch_id + 1) if run.batches else NAN,
             run.error,
             load,
         )
@@ -128,8 +134,8 @@ def _fmt(x: float) -> str:
 def table(stats: Sequence[EngineStats]) -> str:
     head = (
         "| engine | batches | batch ms median / p90 | addBatch ms | keys/s | checkpoint ms median "
-        "| state commit ms median (first → last third) | wall s | load 1-min |\n"
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| state commit ms median (first → last third) | wall s | CPU s / batch | load 1-min |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )
     lines = [head]
     for s in stats:
@@ -140,7 +146,7 @@ def table(stats: Sequence[EngineStats]) -> str:
             f"| {_fmt(s.keys_per_s)} "
             f"| {_fmt(s.checkpoint_ms)} | {_fmt(s.state_commit_ms)} "
             f"({_fmt(s.state_commit_first_ms)} → {_fmt(s.state_commit_last_ms)}) "
-            f"| {s.wall_s:,.1f} | {s.load[0]:.1f} → {s.load[1]:.1f} |"
+            f"| {s.wall_s:,.1f} | {s.cpu_per_batch_s:,.1f} | {s.load[0]:.1f} → {s.load[1]:.1f} |"
         )
     return "\n".join(lines)
 
@@ -403,7 +409,10 @@ the state operator's `commitTimeMs`; dstl: `progress["dstl"]["checkpointDuration
 Load: the 1-minute load average when each engine started and ended (the machine is
 shared); total {rep.seconds:,.0f} s. The statistics leave out the first {cfg.warmup}
 batch(es) (warm-up: Python workers, JIT, stores opening); the per-batch table has them
-all. Wall s: the whole query, warm-up included.
+all. Wall s: the whole query, warm-up included. CPU s / batch: the CPU time (user +
+system) of the engine's whole process tree (Spark's JVM, its Python workers, the
+sidecar) over the batches it ran, start-up and warm-up included: less moved by the load
+of a shared machine than the wall clock.
 
 {table(rep.stats)}
 
