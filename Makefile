@@ -133,3 +133,8 @@ image-test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+
+# the node-local store's bulk paths (Arrow): keys/s of read and write, flat in the state size
+.PHONY: bench-store
+bench-store: $(BENCH_STAMP)
+	$(PY) -m loadtest.bench_store_bulk $(BENCH_ARGS)

@@ -20,10 +20,11 @@ of rows travels as a few parameters, which SQLite's own ``json_each`` and
 The keys and values are BLOB slices, so a zero-length key or value stays a
 zero-length BLOB (never NULL, never TEXT).
 
-Measured (100 k rows in a 1 M-row store, CPU time, 2 shared cores): this
-generates the rows about three times faster than a recursive CTE over
-fixed-width digits, and writes three times faster than ``executemany`` into
-a temporary table followed by one join (figures in the bench report).
+Measured (``loadtest/bench_store_bulk.py``, 100 k rows in a store of 1 M,
+CPU time on 2 shared cores): generating the rows this way costs about a
+third of a recursive CTE over fixed-width digits; the bulk read is ~1.4x
+an ``executemany`` into a temporary table plus one join, the bulk write ~2x
+an ``executemany`` of the rows.
 
 This module knows the format only; the Arrow encoding is in :mod:`.bulk`,
 the statements over the store's tables in :mod:`.store`.

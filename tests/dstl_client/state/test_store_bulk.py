@@ -15,6 +15,7 @@ from dstl_client.core.errors import InvalidArgument, KeyGroupOutOfRange
 from dstl_client.keygroups import KeyGroupRange
 from dstl_client.state import bulk
 from dstl_client.state.bulk import read_rows, write_rows
+from dstl_client.state.packed_rows import MAX_KEY_BYTES
 from dstl_client.state.store import LocalKeyedStore, read_all_rows
 
 RANGE = KeyGroupRange(2, 9)
@@ -185,6 +186,8 @@ def test_column_types(tmp_path: Path) -> None:
         (pa.table({"k": [b"a"], "v": [b""]}), InvalidArgument),
         (pa.table({"kg": [2], "k": [b"a"]}), InvalidArgument),
         (pa.table({"kg": [2], "k": [b"a"], "v": ["text"]}), InvalidArgument),
+        # the packed format addresses keys below 16 MiB
+        (pa.table({"kg": [2], "k": [bytes(MAX_KEY_BYTES)], "v": [b""]}), InvalidArgument),
     ],
 )
 def test_bad_input_is_refused(tmp_path: Path, table: pa.Table, error: type[Exception]) -> None:

@@ -148,3 +148,22 @@ def test_a_wrong_column_is_named(
     with pytest.raises(InvalidArgument, match="'total'"):
         h.run_batch(0, [{"k": 1, "v": 2}])
     h.coordinator.close()
+
+
+def test_a_key_without_rows_may_be_written_and_is_found_by_its_rows_later(
+    tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
+) -> None:
+    def fn(batch: BatchInput) -> BatchOutput:
+        state = batch.state
+        out = state.select(["k", "count", "total"])
+        if batch.batch_id == 0:  # key 999 has no row in this batch: its key group is computed
+            return BatchOutput(upserts=pa.table({"k": [999], "count": [5], "total": [6]}))
+        return BatchOutput(output=out)
+
+    h = VectorHarness(
+        coordinator(tmp_path, sidecar.address, "other"), fn, client, spec(), parallelism=1
+    )
+    assert h.run_batch(0, [{"k": 1, "v": 1}]) is not None
+    run = h.run_batch(1, [{"k": 999, "v": 1}])
+    assert run is not None and run.output.to_pylist() == [{"k": 999, "count": 5, "total": 6}]
+    h.coordinator.close()

@@ -150,3 +150,37 @@ def test_timers_need_a_time_mode(
     with pytest.raises(InvalidArgument, match="time mode"):
         h.run_batch(0, [{"k": 1, "v": 1}])
     h.coordinator.close()
+
+
+def test_event_time_timers_fire_at_the_watermark(
+    tmp_path: Path, sidecar: ServerProcess, client: ChangelogClient
+) -> None:
+    def fn(batch: BatchInput) -> BatchOutput:
+        assert batch.watermark_ms == watermarks[batch.batch_id]
+        keys = pc.unique(batch.rows.column("k"))
+        at = pa.array([500] * len(keys), pa.int64())
+        expired = batch.expired
+        out = pa.table(
+            {
+                "k": expired.column("k"),
+                "count": expired.column("timestamp_ms"),
+                "total": [0] * expired.num_rows,
+            },
+            schema=SEEN,
+        )
+        return BatchOutput(output=out, timers=pa.table({"k": keys, "timestamp_ms": at}))
+
+    watermarks = {0: 0, 1: 499, 2: 500}
+    h = VectorHarness(
+        coordinator(tmp_path, sidecar.address, "event"),
+        fn,
+        client,
+        spec(time_mode="EventTime", event_time_column="ts"),
+        watermark=watermarks.__getitem__,
+    )
+    assert h.run_batch(0, [{"k": 7, "v": 0}]) is not None
+    run = h.run_batch(1, [])
+    assert run is not None and run.output.num_rows == 0
+    run = h.run_batch(2, [])
+    assert run is not None and run.output.to_pylist() == [{"k": 7, "count": 500, "total": 0}]
+    h.coordinator.close()
