@@ -1,7 +1,8 @@
 """The state API benchmark's PNG, drawn with the shared helpers of :mod:`loadtest.plots`.
 
 Three panels, every time axis logarithmic (the engines lie two orders of
-magnitude apart): (a) the median batch time per engine, p90 in the label;
+magnitude apart): (a) the median batch time per engine (horizontal bars, the
+names beside them), p90 in the label;
 (b) the batch time per batch; (c) the state's checkpoint per batch against the
 keys in state. Pure: typed records in, one PNG out; call from one thread.
 """
@@ -57,21 +58,27 @@ def draw_api_bench(
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator  # type: ignore[import-not-found,unused-ignore]
 
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(FIGSIZE[0] * 2, FIGSIZE[1]))
+    fig, (ax1, ax2, ax3) = plt.subplots(
+        1, 3, figsize=(FIGSIZE[0] * 2, FIGSIZE[1]), width_ratios=(1.25, 1, 1)
+    )
     try:
         medians = [statistics.median(e.batches.measured_ms) for e in engines]
         p90s = [_p90(e.batches.measured_ms) for e in engines]
-        bars = ax1.bar(range(len(engines)), medians, color=[f"C{i}" for i in range(len(engines))])
+        rows = range(len(engines))[::-1]  # the first engine on top
+        bars = ax1.barh(rows, medians, color=[f"C{i}" for i in range(len(engines))])
         ax1.bar_label(
             bars,
             labels=[
-                f"{duration(m)}\n(p90 {duration(p)})" for m, p in zip(medians, p90s, strict=True)
+                f" {duration(m)} (p90 {duration(p)})" for m, p in zip(medians, p90s, strict=True)
             ],
             fontsize="x-small",
         )
-        ax1.set_xticks(range(len(engines)), [e.batches.label for e in engines], fontsize="x-small")
-        ax1.set_ylim(min(medians) / 2, max(medians) * 4)
-        ax1.set_ylabel("batch time, median (ms, log)")
+        ax1.set_yticks(list(rows), [e.batches.label for e in engines], fontsize="x-small")
+        ax1.set_xscale("log")
+        plain_log_axis(ax1.xaxis)
+        ax1.set_xlim(min(medians) / 2, max(medians) * 5)
+        ax1.set_xlabel("batch time, median (ms, log)")
+        ax1.grid(True, which="both", axis="x", alpha=0.3)
         warm = max(e.batches.warmup for e in engines)
         ax1.set_title(
             f"(a) median after {warm} warm-up batch{'es' if warm > 1 else ''}"
@@ -96,7 +103,7 @@ def draw_api_bench(
         ax3.set_xlabel("keys in state after the batch")
         ax3.set_ylabel("state checkpoint / commit (ms, log)")
         ax3.set_title("(c) state checkpoint against state size")
-        for ax in (ax1, ax2, ax3):
+        for ax in (ax2, ax3):
             ax.set_yscale("log")
             plain_log_axis(ax.yaxis)
             ax.grid(True, which="both", axis="y", alpha=0.3)
