@@ -65,6 +65,9 @@ def parse(argv: Sequence[str] | None) -> tuple[BenchConfig, argparse.Namespace]:
     parser.add_argument("--timeout", type=float, help=f"seconds per engine ({d.timeout_s:.0f})")
     parser.add_argument("--report-dir", type=Path, default=DEFAULT_REPORT_DIR)
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: temp)")
+    parser.add_argument(
+        "--replot", type=Path, help="redraw the PNG beside this api-*.json report and exit"
+    )
     ns = parser.parse_args(argv)
     overrides: dict[str, Any] = {
         "keys": ns.keys,
@@ -123,6 +126,13 @@ def run_in_process(engine: str, cfg: BenchConfig, input_dir: Path, work: Path) -
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg, ns = parse(argv)
+    if ns.replot is not None:
+        from loadtest.api_bench.report import Report, plot
+
+        rep = Report.from_json(json.loads(ns.replot.read_text()))
+        why_not = plot(rep, ns.replot.with_suffix(".png"))
+        print(why_not or ns.replot.with_suffix(".png"))
+        return 0 if why_not is None else 1
 
     def _stop(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)  # unwinds: the engine's process is killed

@@ -356,6 +356,18 @@ class Report:
             "runs": [r.to_json() for r in self.runs],
         }
 
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Report:
+        """The report :meth:`to_json` wrote (to redraw its plot)."""
+        return cls(
+            BenchConfig.from_json(json.dumps(doc["config"])),
+            tuple(EngineRun.from_json(r) for r in doc["runs"]),
+            tuple((float(s["load"][0]), float(s["load"][1])) for s in doc["stats"]),
+            tuple(int(d) for d in doc["distinct_keys_per_batch"]),
+            float(doc["seconds"]),
+            str(doc["command"]),
+        )
+
     def summary(self) -> str:
         """What the command line prints at the end."""
         c = self.cfg
@@ -368,16 +380,12 @@ class Report:
         )
 
 
-def write_report(report_dir: Path, rep: Report) -> Path:
-    """``api-<UTC time>.md`` with a ``.json`` and a ``.png`` beside it; returns the ``.md``."""
+def plot(rep: Report, png: Path) -> str | None:
+    """Draw ``rep``'s PNG at ``png``; None once drawn, else why not."""
     cfg = rep.cfg
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    report_dir.mkdir(parents=True, exist_ok=True)
-    path = report_dir / f"api-{stamp}.md"
-    png = path.with_suffix(".png")
     lo = min((a for a, _ in rep.loads), default=0.0)
     hi = max((b for _, b in rep.loads), default=0.0)
-    why_not = attempt(
+    return attempt(
         lambda: draw_api_bench(
             engine_plots(rep.runs, cfg.warmup),
             rep.keys_after,
@@ -386,6 +394,16 @@ def write_report(report_dir: Path, rep: Report) -> Path:
             f"at the end, local[{cfg.parallelism}]; 1-min load average {lo:.1f}-{hi:.1f}",
         )
     )
+
+
+def write_report(report_dir: Path, rep: Report) -> Path:
+    """``api-<UTC time>.md`` with a ``.json`` and a ``.png`` beside it; returns the ``.md``."""
+    cfg = rep.cfg
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    report_dir.mkdir(parents=True, exist_ok=True)
+    path = report_dir / f"api-{stamp}.md"
+    png = path.with_suffix(".png")
+    why_not = plot(rep, png)
     picture = f"![batch time by engine]({png.name})" if why_not is None else f"(no plot: {why_not})"
     path.with_suffix(".json").write_text(json.dumps(rep.to_json(), indent=1))
     text = f"""# State API benchmark ({stamp}, preset {cfg.preset})

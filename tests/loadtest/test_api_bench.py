@@ -114,3 +114,12 @@ def test_report_writes_markdown_json_and_png(tmp_path: Path) -> None:
     assert [s["engine"] for s in doc["stats"]] == ["tws", "vec", "jvm"]
     assert doc["stats"][2]["state_commit_ms"] is None  # NaN: JSON null
     assert md.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_json_reads_back_for_a_replot() -> None:
+    cfg = BenchConfig(keys=700, rows=200, batches=7)
+    runs = (run("vec", 150.0), run("jvm", 200.0))
+    rep = Report(cfg, runs, ((1.0, 2.0), (2.0, 3.0)), (100,) * 7, 12.0, "cmd")
+    back = Report.from_json(json.loads(json.dumps(rep.to_json())))
+    assert back.cfg == cfg and back.loads == rep.loads and back.distinct == rep.distinct
+    assert [s.batch_ms for s in back.stats] == [s.batch_ms for s in rep.stats]
