@@ -1,27 +1,19 @@
-"""Statistics per engine, the goals, and the report (Markdown, JSON and PNG side by side)."""
+"""The report: the table, the per-batch table, the checks, Markdown, JSON and the PNG."""
 
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest.api_bench.config import (
-    ENGINE_NAMES,
-    GOAL_FLAT,
-    GOAL_SPEEDUP,
-    GOAL_TOUCHED,
-    GOAL_VEC_VS_JVM,
-    GOAL_VEC_VS_PROCESSOR,
-    GOAL_VEC_VS_TWS,
-    BenchConfig,
-)
-from loadtest.api_bench.figures import NAN, Batch, EngineRun, json_safe
+from loadtest.api_bench.config import ENGINE_NAMES, BenchConfig
+from loadtest.api_bench.figures import EngineRun, json_safe
+from loadtest.api_bench.goals import Goal, goal_line, goals, status
 from loadtest.api_bench.plot import EnginePlot, draw_api_bench
+from loadtest.api_bench.stats import EngineStats, measured
 from loadtest.plots import EngineBatches, attempt
 
 #: the engines' names under the bars of the plot (two short lines each)
@@ -32,99 +24,6 @@ PLOT_NAMES = {
     "vec": "dstl\ntransform_batches",
     "jvm": "Spark JVM\ngroupBy().agg()",
 }
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (nearest rank) of ``values``; NaN if empty."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def med(values: Sequence[float]) -> float:
-    """The median of the finite ``values``; NaN if none."""
-    finite = [v for v in values if v == v]
-    return statistics.median(finite) if finite else float("nan")
-
-
-def measured(runs: Sequence[EngineRun], warmup: int) -> list[EngineRun]:
-    """``runs`` without their first ``warmup`` batches (for the statistics)."""
-    return [
-        EngineRun(
-            r.engine, [b for b in r.batches if b.batch_id >= warmup], r.wall_s, r.error, r.cpu_s
-        )
-        for r in runs
-    ]
-
-
-def thirds(batches: Sequence[Batch]) -> tuple[list[Batch], list[Batch]]:
-    """The first and last third of ``batches`` (at least one each)."""
-    n = max(1, len(batches) // 3)
-    return list(batches[:n]), list(batches[-n:])
-
-
-def ckpt_growth(run: EngineRun, state_only: bool = False) -> tuple[float, float]:
-    """Median checkpoint ms of the first and of the last third of the batches."""
-    first, last = thirds(run.batches)
-
-    def f(b: Batch) -> float:
-        return b.state_commit_ms if state_only else b.checkpoint_ms
-
-    return med([f(b) for b in first]), med([f(b) for b in last])
-
-
-def ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else float("inf")
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """One engine's figures over its measured batches. Frozen."""
-
-    engine: str
-    batches: int
-    batch_ms: float
-    batch_p90_ms: float
-    #: Spark's ``addBatch`` (the stateful stage and the sink), median
-    add_batch_ms: float
-    #: distinct keys of a batch per second of its batch time, median
-    keys_per_s: float
-    checkpoint_ms: float
-    state_commit_ms: float
-    state_commit_first_ms: float
-    state_commit_last_ms: float
-    wall_s: float
-    #: CPU seconds of the engine's process tree per batch it ran (start-up and warm-up
-    #: included)
-    cpu_per_batch_s: float
-    error: str | None
-    #: 1-minute load average when the engine started and when it ended
-    load: tuple[float, float]
-
-    @classmethod
-    def of(cls, run: EngineRun, distinct: Sequence[int], load: tuple[float, float]) -> EngineStats:
-        t = [b.trigger_ms for b in run.batches]
-        kps = [
-            distinct[b.batch_id] / (b.trigger_ms / 1000) for b in run.batches if b.trigger_ms > 0
-        ]
-        sf, sl = ckpt_growth(run, state_only=True)
-        return cls(
-            run.engine,
-            len(run.batches),
-            med(t),
-            pct(t, 0.9),
-            med([b.add_batch_ms for b in run.batches]),
-            med(kps),
-            med([b.checkpoint_ms for b in run.batches]),
-            med([b.state_commit_ms for b in run.batches]),
-            sf,
-            sl,
-            run.wall_s,
-            run.cpu_s / (run.batches[-1].batch_id + 1) if run.batches else NAN,
-            run.error,
-            load,
-        )
 
 
 def _fmt(x: float) -> str:
@@ -149,119 +48,6 @@ def table(stats: Sequence[EngineStats]) -> str:
             f"| {s.wall_s:,.1f} | {s.cpu_per_batch_s:,.1f} | {s.load[0]:.1f} → {s.load[1]:.1f} |"
         )
     return "\n".join(lines)
-
-
-Goal = tuple[bool | None, str]
-
-
-def _faster(by: dict[str, EngineStats], fast: str, slow: str, bound: float, what: str) -> Goal:
-    if fast not in by or slow not in by:
-        return None, f"{what}: not measured (needs engines {fast} and {slow})"
-    f, s = by[fast].batch_ms, by[slow].batch_ms
-    x = ratio(s, f)
-    return x >= bound, f"{what}: median {f:,.0f} ms vs {s:,.0f} ms = {x:.1f}x (goal >= {bound:g}x)"
-
-
-def _flat(by: dict[str, EngineStats], engine: str) -> Goal:
-    what = f"{engine} checkpoint flat in state size"
-    if engine not in by:
-        return None, f"{what}: not measured"
-    s = by[engine]
-    x = ratio(s.state_commit_last_ms, s.state_commit_first_ms)
-    if x != x:
-        return None, f"{what}: the engine reported no checkpoint time"
-    return (
-        x <= GOAL_FLAT,
-        f"{what}: last-third median {s.state_commit_last_ms:,.0f} ms vs first-third "
-        f"{s.state_commit_first_ms:,.0f} ms = {x:.2f}x (goal <= {GOAL_FLAT:g}x)",
-    )
-
-
-def _vs_jvm(by: dict[str, EngineStats]) -> Goal:
-    what = f"vec within {GOAL_VEC_VS_JVM:g}x of Spark's JVM aggregation per batch"
-    if "vec" not in by or "jvm" not in by:
-        return None, f"{what}: not measured (needs engines vec and jvm)"
-    v, j = by["vec"].batch_ms, by["jvm"].batch_ms
-    x = ratio(v, j)
-    beats = f"; beats it by {j / v:.2f}x" if v < j else ""
-    return (
-        x <= GOAL_VEC_VS_JVM,
-        f"{what}: median {v:,.0f} ms vs {j:,.0f} ms = {x:.2f}x the JVM's{beats}",
-    )
-
-
-def touched(run: EngineRun, distinct: Sequence[int], keys_after: Sequence[int]) -> Goal:
-    """The vectorized state read + write per touched key: first third vs last third."""
-    what = "vec state read + write per batch proportional to keys touched, not state size"
-    if not run.batches:
-        return None, f"{what}: not measured"
-    own = all(b.state_rw_ms == b.state_rw_ms for b in run.batches)
-
-    def per_key(b: Batch) -> float:
-        return (b.state_rw_ms if own else b.trigger_ms) / max(1, distinct[b.batch_id])
-
-    first, last = thirds(run.batches)
-    f, la = med([per_key(b) for b in first]), med([per_key(b) for b in last])
-    grew = ratio(
-        med([keys_after[b.batch_id] for b in last]), med([keys_after[b.batch_id] for b in first])
-    )
-    x = ratio(la, f)
-    src = (
-        "stateReadMs + stateWriteMs"
-        if own
-        else "bound: the whole batch time (the engine reports no stateReadMs/stateWriteMs)"
-    )
-    return (
-        x <= GOAL_TOUCHED,
-        f"{what} ({src}): {f * 1000:,.1f} → {la * 1000:,.1f} µs per touched key, first → "
-        f"last third = {x:.2f}x while the state grew {grew:.1f}x (goal <= {GOAL_TOUCHED:g}x)",
-    )
-
-
-def goals(
-    stats: Sequence[EngineStats],
-    runs: Sequence[EngineRun],
-    distinct: Sequence[int],
-    keys_after: Sequence[int],
-) -> list[Goal]:
-    """``(passed, line)`` per goal, over the measured batches; ``None``: not measured."""
-    by = {s.engine: s for s in stats if s.batches}
-    vec = next((r for r in runs if r.engine == "vec"), EngineRun("vec"))
-    return [
-        _faster(
-            by,
-            "vec",
-            "tws",
-            GOAL_VEC_VS_TWS,
-            "vec faster per batch than transformWithStateInPandas",
-        ),
-        _faster(
-            by,
-            "vec",
-            "dstl",
-            GOAL_VEC_VS_PROCESSOR,
-            "vec faster per batch than the per-key processor",
-        ),
-        _vs_jvm(by),
-        _flat(by, "vec"),
-        touched(vec, distinct, keys_after),
-        _faster(
-            by,
-            "dstl",
-            "tws",
-            GOAL_SPEEDUP,
-            "per-key processor faster than transformWithStateInPandas",
-        ),
-        _flat(by, "dstl"),
-    ]
-
-
-def status(ok: bool | None) -> str:
-    return "PASS" if ok else "MISS" if ok is False else "N/A"
-
-
-def goal_line(ok: bool | None, line: str) -> str:
-    return f"{status(ok)}: {line}"
 
 
 def per_batch(runs: Sequence[EngineRun], keys_after: Sequence[int]) -> str:

@@ -15,7 +15,9 @@ import pytest
 from loadtest.api_bench.cli import parse
 from loadtest.api_bench.config import BenchConfig, preset
 from loadtest.api_bench.figures import NAN, Batch, EngineRun, batch_of
-from loadtest.api_bench.report import EngineStats, Report, goals, touched, write_report
+from loadtest.api_bench.goals import goals, touched
+from loadtest.api_bench.report import Report, write_report
+from loadtest.api_bench.stats import EngineStats
 
 
 def batch(i: int, ms: float, state_ms: float = 10.0, rw: float = NAN) -> Batch:
