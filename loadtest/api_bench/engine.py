@@ -46,7 +46,7 @@ def run(engine: str, cfg: BenchConfig, input_dir: Path, work: Path) -> EngineRun
     log(f"{engine}: Spark session up in {time.perf_counter() - t0:.1f}s")
     try:
         with sidecar(engine, work / "sidecar") as address:
-            result = run_engine(engine, spark, cfg, input_dir, work, address, log)
+            result = run_engine(engine, spark, cfg, input_dir, work, address, log, tree_cpu_s)
             result.cpu_s = tree_cpu_s()
             return result
     finally:

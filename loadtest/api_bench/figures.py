@@ -39,6 +39,9 @@ class Batch:
     #: the state's bulk read + write in the batch's tasks (the vectorized engine's
     #: ``stateReadMs`` + ``stateWriteMs``; NaN: not reported)
     state_rw_ms: float = NAN
+    #: CPU seconds of the engine's whole process tree so far, sampled when the batch was
+    #: recorded (NaN: not sampled)
+    cpu_s: float = NAN
 
     @property
     def checkpoint_ms(self) -> float:

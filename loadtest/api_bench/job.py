@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,7 @@ def run_engine(
     work: Path,
     address: str,
     log: Callable[[str], None] = print,
+    cpu: Callable[[], float] | None = None,
 ) -> EngineRun:
     """Run ``engine`` over every batch of ``input_dir``; its batches as they complete."""
     outputs: dict[int, int] = {}
@@ -243,6 +245,8 @@ def run_engine(
             ):
                 continue  # its figures come a moment later (or never: then taken without)
             b = batch_of(p, engine, outputs.get(bid, -1))
+            if cpu is not None:
+                b = replace(b, cpu_s=cpu())
             seen[bid] = b
             log(
                 f"{engine}: batch {bid + 1}/{cfg.batches}: {b.input_rows:,} rows, "

@@ -30,6 +30,10 @@ def _fmt(x: float) -> str:
     return "n/a" if x != x else f"{x:,.0f}"
 
 
+def _fmt1(x: float) -> str:
+    return "n/a" if x != x else f"{x:,.1f}"
+
+
 def table(stats: Sequence[EngineStats]) -> str:
     head = (
         "| engine | batches | batch ms median / p90 | addBatch ms | keys/s | checkpoint ms median "
@@ -45,7 +49,7 @@ def table(stats: Sequence[EngineStats]) -> str:
             f"| {_fmt(s.keys_per_s)} "
             f"| {_fmt(s.checkpoint_ms)} | {_fmt(s.state_commit_ms)} "
             f"({_fmt(s.state_commit_first_ms)} → {_fmt(s.state_commit_last_ms)}) "
-            f"| {s.wall_s:,.1f} | {s.cpu_per_batch_s:,.1f} | {s.load[0]:.1f} → {s.load[1]:.1f} |"
+            f"| {s.wall_s:,.1f} | {_fmt1(s.cpu_per_batch_s)} | {s.load[0]:.1f} → {s.load[1]:.1f} |"
         )
     return "\n".join(lines)
 
@@ -213,10 +217,10 @@ the state operator's `commitTimeMs`; dstl: `progress["dstl"]["checkpointDuration
 Load: the 1-minute load average when each engine started and ended (the machine is
 shared); total {rep.seconds:,.0f} s. The statistics leave out the first {cfg.warmup}
 batch(es) (warm-up: Python workers, JIT, stores opening); the per-batch table has them
-all. Wall s: the whole query, warm-up included. CPU s / batch: the CPU time (user +
-system) of the engine's whole process tree (Spark's JVM, its Python workers, the
-sidecar) over the batches it ran, start-up and warm-up included: less moved by the load
-of a shared machine than the wall clock.
+all. Wall s: the whole query, warm-up included. CPU s / batch: the CPU time (user + system) of the engine's whole
+process tree (Spark's JVM, its Python workers, the sidecar) per batch, from the first
+measured batch to the last (start-up left out): less moved by the load of a shared
+machine than the wall clock.
 
 {table(rep.stats)}
 

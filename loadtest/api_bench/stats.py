@@ -70,8 +70,8 @@ class EngineStats:
     state_commit_first_ms: float
     state_commit_last_ms: float
     wall_s: float
-    #: CPU seconds of the engine's process tree per batch it ran (start-up and warm-up
-    #: included)
+    #: CPU seconds of the engine's process tree per measured batch (between the first and
+    #: the last measured batch; NaN with fewer than two)
     cpu_per_batch_s: float
     error: str | None
     #: 1-minute load average when the engine started and when it ended
@@ -96,7 +96,14 @@ class EngineStats:
             sf,
             sl,
             run.wall_s,
-            run.cpu_s / (run.batches[-1].batch_id + 1) if run.batches else NAN,
+            steady_cpu_s(run.batches),
             run.error,
             load,
         )
+
+
+def steady_cpu_s(batches: Sequence[Batch]) -> float:
+    """CPU seconds per batch from the first to the last of ``batches`` (start-up left out)."""
+    if len(batches) < 2:
+        return NAN
+    return (batches[-1].cpu_s - batches[0].cpu_s) / (len(batches) - 1)

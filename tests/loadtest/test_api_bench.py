@@ -125,3 +125,13 @@ def test_report_json_reads_back_for_a_replot() -> None:
     back = Report.from_json(json.loads(json.dumps(rep.to_json())))
     assert back.cfg == cfg and back.loads == rep.loads and back.distinct == rep.distinct
     assert [s.batch_ms for s in back.stats] == [s.batch_ms for s in rep.stats]
+
+
+def test_cpu_per_batch_leaves_the_start_up_out() -> None:
+    from dataclasses import replace
+
+    from loadtest.api_bench.stats import steady_cpu_s
+
+    bs = [replace(batch(i, 100.0), cpu_s=30.0 + 2.0 * i) for i in range(1, 5)]
+    assert steady_cpu_s(bs) == 2.0  # the 30 s of start-up before the first is not counted
+    assert math.isnan(steady_cpu_s(bs[:1]))
