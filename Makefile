@@ -106,6 +106,8 @@ bench-chaos: $(BENCH_STAMP)
 bench-bounded: $(BENCH_STAMP)
 	$(PY) -m loadtest.bounded_bench $(BENCH_ARGS)
 
+# count and sum per key as transformWithStateInPandas, transform_with_state, transform_batches
+# and Spark's JVM aggregation (the ceiling), one process each; BENCH_ARGS="--preset large": 1 M keys
 bench-api: $(BENCH_STAMP)
 	$(PY) -m loadtest.api_bench $(BENCH_ARGS)
 

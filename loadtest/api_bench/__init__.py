@@ -1,20 +1,24 @@
-"""``python -m loadtest.api_bench`` (``make bench-api``): the state API against Spark's own.
+"""``python -m loadtest.api_bench`` (``make bench-api``): the state APIs against Spark's own.
 
-The same stateful job (a per-key count and sum of ``v`` in value state, one
-output row per key and batch) on the same streaming Parquet input (one file
-per micro-batch, ``maxFilesPerTrigger=1``, ``availableNow``), run as:
+The same stateful job (issue 20's reference job: a per-key count and sum of
+``v`` in state, one output row per key and batch) on the same streaming
+Parquet input (one file per micro-batch, ``maxFilesPerTrigger=1``,
+``availableNow``), run as (``--engines``, in this order):
 
-1. Spark's ``transformWithStateInPandas`` (RocksDB state store provider);
-2. Spark's ``applyInPandasWithState`` (``GroupState``; same provider);
-3. dstl's ``transform_with_state`` over a real ``dstl-server`` on loopback.
+- ``tws``: Spark's ``transformWithStateInPandas`` (RocksDB, changelog checkpointing);
+- ``apply``: Spark's ``applyInPandasWithState`` (same provider; not in the presets);
+- ``dstl``: dstl's per-key processor ``transform_with_state`` over a ``dstl-server``;
+- ``vec``: dstl's vectorized ``transform_batches`` (one call per task and batch);
+- ``jvm``: Spark's own ``groupBy("k").agg(count, sum)`` in update mode (the ceiling).
 
-Each batch touches new keys (the state grows batch by batch) and revisits
-old ones. Per engine: batch duration (Spark's ``triggerExecution``) and
-checkpoint duration (Spark: ``walCommit`` + ``commitOffsets`` + the state
-store's ``commitTimeMs``; dstl: ``walCommit`` + ``commitOffsets`` + its own
-``checkpointDurationMs``), median / p90 / max, and the checkpoint's first
-third against its last third. Goals: dstl at least 10x faster per batch than
-``transformWithStateInPandas``; dstl's checkpoint flat in state size.
+Each engine runs in its own process (:mod:`.engine`): its own Spark session
+and, for dstl, its own sidecar. Per engine: batch duration (Spark's
+``triggerExecution``) median / p90, keys per second, checkpoint duration
+(Spark: ``walCommit`` + ``commitOffsets`` + the state store's ``commitTimeMs``;
+dstl: the same logs + its own ``checkpointDurationMs``) and its first third
+against its last third. PASS/MISS against the goals of :mod:`.config`.
+``--preset large`` reaches 1 M keys at 100 k rows per batch.
 
-A Markdown report goes to ``loadtest/reports/api-<UTC time>.md``.
+The report goes to ``loadtest/reports/api-<UTC time>.md``, with a ``.json``
+and a ``.png`` beside it.
 """

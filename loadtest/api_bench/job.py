@@ -1,4 +1,9 @@
-"""The input, the job as three engines, and each batch's figures from Spark's progress."""
+"""The input, the job as five engines, and the loop that collects each batch's figures.
+
+The job (issue 20's reference job, "count and sum per key"): input ``k long,
+v long``; per key a count of its rows and a sum of ``v`` in state; in Update
+mode one output row ``k, count, total`` per key of the batch.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +11,29 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor as SparkStatefulProcessor
 
-from loadtest.api_bench.config import ROCKSDB, BenchConfig
+from loadtest.api_bench.config import (
+    CHANGELOG,
+    DSTL_ENGINES,
+    ROCKSDB,
+    SPARK_STATE_ENGINES,
+    BenchConfig,
+)
+from loadtest.api_bench.figures import Batch, EngineRun, batch_of
 
-INPUT_SCHEMA = "k string, v long"
-OUTPUT_SCHEMA = "k string, n long, s long"
-STATE_SCHEMA = "n long, s long"
+INPUT_SCHEMA = "k long, v long"
+OUTPUT_SCHEMA = "k long, count long, total long"
+STATE_SCHEMA = "count long, total long"
+#: dstl's key groups (the most state partitions a rescale may reach)
+MAX_PARALLELISM = 16
+#: seconds a dstl engine's batch waits for its figures in the progress before it is
+#: recorded without them
+FIGURES_WAIT_S = 5.0
 
 
 class CountSum(SparkStatefulProcessor):  # type: ignore[misc,unused-ignore]
@@ -37,7 +54,7 @@ class CountSum(SparkStatefulProcessor):  # type: ignore[misc,unused-ignore]
             n += len(pdf)
             s += int(pdf["v"].sum())
         self.total.update((n, s))
-        yield pd.DataFrame({"k": [key[0]], "n": [n], "s": [s]})
+        yield pd.DataFrame({"k": [key[0]], "count": [n], "total": [s]})
 
     def close(self) -> None:
         pass
@@ -52,14 +69,15 @@ def count_sum_group_state(key: Any, pdfs: Iterator[Any], state: Any) -> Iterator
         n += len(pdf)
         s += int(pdf["v"].sum())
     state.update((n, s))
-    yield pd.DataFrame({"k": [key[0]], "n": [n], "s": [s]})
+    yield pd.DataFrame({"k": [key[0]], "count": [n], "total": [s]})
 
 
 def write_input(directory: Path, cfg: BenchConfig) -> list[int]:
     """One Parquet file per batch; returns the distinct keys of each batch.
 
     Batch ``b`` has keys ``[b*new, (b+1)*new)`` once each (new state) and the
-    rest of its rows on random keys seen so far (updates).
+    rest of its rows on random keys seen so far (updates). The same seed gives
+    the same files: every engine reads the same input.
     """
     import numpy as np
     import pyarrow as pa
@@ -71,17 +89,16 @@ def write_input(directory: Path, cfg: BenchConfig) -> list[int]:
     distinct: list[int] = []
     base = time.time() - 10_000
     for b in range(cfg.batches):
-        fresh = np.arange(b * new, (b + 1) * new)
-        old = rng.integers(0, (b + 1) * new, cfg.rows - new)
+        fresh = np.arange(b * new, (b + 1) * new, dtype=np.int64)
+        old = rng.integers(0, (b + 1) * new, cfg.rows - new, dtype=np.int64)
         ids = np.concatenate([fresh, old])
         rng.shuffle(ids)
         distinct.append(len(np.unique(ids)))
-        keys = np.char.add("k", np.char.zfill(ids.astype(str), 8))
         path = directory / f"part-{b:05d}.parquet"
         pq.write_table(
             pa.table(
                 {
-                    "k": pa.array(keys.tolist(), pa.string()),
+                    "k": pa.array(ids, pa.int64()),
                     "v": pa.array(rng.integers(0, 1000, len(ids)), pa.int64()),
                 }
             ),
@@ -91,76 +108,28 @@ def write_input(directory: Path, cfg: BenchConfig) -> list[int]:
     return distinct
 
 
-def session(cfg: BenchConfig) -> Any:
+def session(cfg: BenchConfig, engine: str) -> Any:
+    """A local Spark session for one engine (Spark's state: RocksDB, changelog checkpointing)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    spark = (
+    builder = (
         SparkSession.builder.master(f"local[{cfg.parallelism}]")
-        .appName("dstl-api-bench")
+        .appName(f"dstl-api-bench-{engine}")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(cfg.parallelism))
-        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
         .config("spark.sql.streaming.numRecentProgressUpdates", "10000")
         .config("spark.driver.memory", cfg.driver_memory)
-        .getOrCreate()
     )
+    if engine in SPARK_STATE_ENGINES:
+        builder = builder.config("spark.sql.streaming.stateStore.providerClass", ROCKSDB).config(
+            CHANGELOG, "true"
+        )
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """One micro-batch of one engine, from Spark's progress. Frozen."""
-
-    batch_id: int
-    input_rows: int
-    output_rows: int
-    trigger_ms: float
-    add_batch_ms: float
-    #: offset and commit logs (``walCommit`` + ``commitOffsets``)
-    log_ms: float
-    #: the state's own checkpoint: the state store commit (Spark) or dstl's checkpoint
-    state_commit_ms: float
-    state_rows: int | None
-
-    @property
-    def checkpoint_ms(self) -> float:
-        return self.log_ms + self.state_commit_ms
-
-
-@dataclass(slots=True)
-class EngineRun:
-    """One engine's batches and how long it ran."""
-
-    engine: str
-    batches: list[Batch] = field(default_factory=list)
-    wall_s: float = 0.0
-    error: str | None = None
-
-
-def batch_of(progress: dict[str, Any], engine: str, output_rows: int) -> Batch:
-    d = progress.get("durationMs") or {}
-    ops = progress.get("stateOperators") or []
-    if engine == "dstl":
-        fig = progress.get("dstl") or {}
-        state_ms = float(fig.get("checkpointDurationMs", 0))
-        state_rows = fig.get("stateRows")
-    else:
-        state_ms = float(sum(op.get("commitTimeMs", 0) for op in ops))
-        state_rows = sum(int(op.get("numRowsTotal", 0)) for op in ops) if ops else None
-    return Batch(
-        batch_id=int(progress["batchId"]),
-        input_rows=int(progress.get("numInputRows", 0)),
-        output_rows=output_rows,
-        trigger_ms=float(d.get("triggerExecution", 0)),
-        add_batch_ms=float(d.get("addBatch", 0)),
-        log_ms=float(d.get("walCommit", 0)) + float(d.get("commitOffsets", 0)),
-        state_commit_ms=state_ms,
-        state_rows=None if state_rows is None else int(state_rows),
-    )
 
 
 def _events(spark: Any, input_dir: Path) -> Any:
@@ -171,28 +140,62 @@ def _events(spark: Any, input_dir: Path) -> Any:
     )
 
 
-def _start(engine: str, spark: Any, input_dir: Path, work: Path, address: str, sink: Any) -> Any:
+def _stateful(engine: str, spark: Any, input_dir: Path, work: Path, address: str) -> Any:
+    """The job's stateful DataFrame (or dstl's writeStream-builder) on ``engine``."""
     grouped = _events(spark, input_dir).groupBy("k")
+    parallelism = int(spark.conf.get("spark.sql.shuffle.partitions"))
     if engine == "tws":
-        out = grouped.transformWithStateInPandas(CountSum(), OUTPUT_SCHEMA, "Update", "None")
-    elif engine == "apply":
-        out = grouped.applyInPandasWithState(
+        return grouped.transformWithStateInPandas(CountSum(), OUTPUT_SCHEMA, "Update", "None")
+    if engine == "apply":
+        return grouped.applyInPandasWithState(
             count_sum_group_state, OUTPUT_SCHEMA, STATE_SCHEMA, "Update", "NoTimeout"
         )
-    else:
+    if engine == "jvm":
+        from pyspark.sql import functions as F
+
+        return grouped.agg(F.count(F.lit(1)).alias("count"), F.sum("v").alias("total"))
+    if engine == "dstl":
         from dstl_client.processor import transform_with_state
 
-        out = transform_with_state(
+        return transform_with_state(
             grouped,
             processor=CountSum(),
             output_schema=OUTPUT_SCHEMA,
             output_mode="Update",
             time_mode="None",
-            parallelism=int(spark.conf.get("spark.sql.shuffle.partitions")),
-            max_parallelism=16,
+            parallelism=parallelism,
+            max_parallelism=MAX_PARALLELISM,
             dstl_address=address,
             state_dir=str(work / "state"),
         )
+    if engine == "vec":
+        try:
+            # the vectorized engine (issue 20; branch h-vec): runs as soon as it imports
+            from dstl_client.vectorized import transform_batches
+            from loadtest.api_bench.vectorized_job import count_sum
+        except ImportError as exc:
+            raise EngineUnavailable(f"dstl_client.vectorized does not import yet: {exc}") from exc
+        return transform_batches(
+            grouped,
+            key="k",
+            fn=count_sum,
+            state_schema=STATE_SCHEMA,
+            output_schema=OUTPUT_SCHEMA,
+            frame="arrow",
+            parallelism=parallelism,
+            max_parallelism=MAX_PARALLELISM,
+            dstl_address=address,
+            state_dir=str(work / "state"),
+        )
+    raise ValueError(f"unknown engine {engine!r}")
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine's code is not there (the vectorized engine before it lands)."""
+
+
+def _start(engine: str, spark: Any, input_dir: Path, work: Path, address: str, sink: Any) -> Any:
+    out = _stateful(engine, spark, input_dir, work, address)
     return (
         out.writeStream.foreachBatch(sink)
         .option("checkpointLocation", str(work / "ckpt"))
@@ -200,6 +203,11 @@ def _start(engine: str, spark: Any, input_dir: Path, work: Path, address: str, s
         .trigger(availableNow=True)
         .start()
     )
+
+
+def _spark_query(q: Any) -> Any:
+    """Spark's ``StreamingQuery`` behind ``q`` (dstl's queries wrap it as ``.query``)."""
+    return getattr(q, "query", q)
 
 
 def run_engine(
@@ -210,6 +218,7 @@ def run_engine(
     work: Path,
     address: str,
     log: Callable[[str], None] = print,
+    cpu: Callable[[], float] | None = None,
 ) -> EngineRun:
     """Run ``engine`` over every batch of ``input_dir``; its batches as they complete."""
     outputs: dict[int, int] = {}
@@ -219,39 +228,53 @@ def run_engine(
 
     run = EngineRun(engine)
     seen: dict[int, Batch] = {}
+    pending: dict[int, float] = {}
 
-    def collect(progresses: list[dict[str, Any]]) -> None:
+    def collect(progresses: list[dict[str, Any]], final: bool = False) -> None:
         for p in progresses:
             bid = int(p.get("batchId", -1))
-            if bid < 0 or int(p.get("numInputRows", 0)) == 0:
+            if bid < 0 or int(p.get("numInputRows", 0)) == 0 or bid in seen:
                 continue
-            if engine == "dstl" and not p.get("dstl"):
-                continue  # its figures come a moment later
-            if bid not in seen:
-                b = batch_of(p, engine, outputs.get(bid, -1))
-                seen[bid] = b
-                log(
-                    f"{engine}: batch {bid + 1}/{cfg.batches}: {b.input_rows:,} rows, "
-                    f"{b.output_rows:,} out in {b.trigger_ms:,.0f} ms, checkpoint "
-                    f"{b.checkpoint_ms:,.0f} ms (state {b.state_commit_ms:,.0f} ms)"
-                )
+            first_seen = pending.setdefault(bid, time.perf_counter())
+            waited = time.perf_counter() - first_seen
+            if (
+                engine in DSTL_ENGINES
+                and not p.get("dstl")
+                and waited < FIGURES_WAIT_S
+                and not final
+            ):
+                continue  # its figures come a moment later (or never: then taken without)
+            b = batch_of(p, engine, outputs.get(bid, -1))
+            if cpu is not None:
+                b = replace(b, cpu_s=cpu())
+            seen[bid] = b
+            log(
+                f"{engine}: batch {bid + 1}/{cfg.batches}: {b.input_rows:,} rows, "
+                f"{b.output_rows:,} out in {b.trigger_ms:,.0f} ms, checkpoint "
+                f"{b.checkpoint_ms:,.0f} ms (state {b.state_commit_ms:,.0f} ms)"
+            )
 
     t0 = time.perf_counter()
-    q = _start(engine, spark, input_dir, work, address, sink)
+    try:
+        q = _start(engine, spark, input_dir, work, address, sink)
+    except EngineUnavailable as exc:
+        run.error = str(exc)
+        return run
     try:
         deadline = t0 + cfg.timeout_s
-        spark_q = q.query if engine == "dstl" else q
+        spark_q = _spark_query(q)
         while spark_q is None or spark_q.isActive:
             if time.perf_counter() > deadline:
                 run.error = f"stopped after {cfg.timeout_s:.0f}s"
                 break
             collect(q.recentProgress)
             time.sleep(0.5)
-            spark_q = q.query if engine == "dstl" else q
+            spark_q = _spark_query(q)
         run.wall_s = time.perf_counter() - t0
         if spark_q is not None and spark_q.exception() is not None:
             run.error = str(spark_q.exception())[:500]
         collect(q.recentProgress)
+        collect(q.recentProgress, final=True)
     finally:
         q.stop()
     run.batches = [seen[b] for b in sorted(seen)]

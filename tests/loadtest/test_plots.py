@@ -239,7 +239,7 @@ def test_recovery_report_turns_restores_into_curves() -> None:
 
 def test_api_report_keeps_only_engines_that_ran() -> None:
     pytest.importorskip("pyspark")
-    from loadtest.api_bench.job import Batch, EngineRun
+    from loadtest.api_bench.figures import Batch, EngineRun
     from loadtest.api_bench.report import engine_batches
 
     def batch(i: int, ms: float) -> Batch:
