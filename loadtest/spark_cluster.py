@@ -166,12 +166,13 @@ class SparkCluster:
             log=log,
             env=self._env(),
         )
+        # the nodes' sidecars start while the master's JVM boots
+        for i in range(self.workers):
+            self.nodes.append(self._new_node(f"node{i}", self.root / f"node{i}", "sidecar"))
         line = _wait_for_log(log, self._master, "the Spark master", _MASTER_URL.pattern)
         m = _MASTER_URL.search(line)
         assert m is not None
         self.master_url = m.group(1)
-        for i in range(self.workers):
-            self.nodes.append(self._new_node(f"node{i}", self.root / f"node{i}", "sidecar"))
         for node in self.nodes:
             self._start_worker(node)
         for node in self.nodes:
