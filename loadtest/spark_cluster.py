@@ -11,6 +11,15 @@ ports the OS picks. Each Worker runs in its own process group with its
 executors, so :meth:`SparkCluster.kill_node` (SIGKILL) takes a whole node
 down at once: worker, executors, Python workers and its sidecar.
 
+``jvm_options`` (default ``""``: the JVM's own defaults, what the benchmarks
+measure) go to every JVM of the cluster: the Master's and the Workers'
+(``SPARK_DAEMON_JAVA_OPTS``, and ``SPARK_LAUNCHER_OPTS`` for the short-lived
+launcher JVM of ``spark-class``), and through
+:class:`~loadtest.cluster_bench.driver.Driver` to each job driver
+(``spark.driver.extraJavaOptions``) and the executors it asks the workers for
+(``spark.executor.extraJavaOptions``). The tests pass their light options
+(the client compiler only, the serial collector).
+
 :meth:`SparkCluster.close` stops everything it started, also when a test
 fails (use it as a context manager).
 """
@@ -95,6 +104,8 @@ class SparkCluster:
     worker_cores: int = 1
     worker_memory: str = "1g"
     sidecar_args: list[str] = field(default_factory=list)
+    #: options for every JVM of the cluster and its jobs ("": the JVM's defaults)
+    jvm_options: str = ""
     nodes: list[Node] = field(default_factory=list)
     master_url: str = ""
     _master: subprocess.Popen[bytes] | None = None
@@ -121,6 +132,9 @@ class SparkCluster:
             # the Worker's JVM and its executors: small heaps, several on 2 cores
             "SPARK_DAEMON_MEMORY": "256m",
         }
+        if self.jvm_options:
+            env["SPARK_DAEMON_JAVA_OPTS"] = self.jvm_options
+            env["SPARK_LAUNCHER_OPTS"] = self.jvm_options
         env.pop("DSTL_ADDRESS", None)
         env.pop("DSTL_STATE_DIR", None)
         env.update(extra)
@@ -152,12 +166,13 @@ class SparkCluster:
             log=log,
             env=self._env(),
         )
+        # the nodes' sidecars start while the master's JVM boots
+        for i in range(self.workers):
+            self.nodes.append(self._new_node(f"node{i}", self.root / f"node{i}", "sidecar"))
         line = _wait_for_log(log, self._master, "the Spark master", _MASTER_URL.pattern)
         m = _MASTER_URL.search(line)
         assert m is not None
         self.master_url = m.group(1)
-        for i in range(self.workers):
-            self.nodes.append(self._new_node(f"node{i}", self.root / f"node{i}", "sidecar"))
         for node in self.nodes:
             self._start_worker(node)
         for node in self.nodes:

@@ -46,6 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the short variant of make test: seed 7, one round of 10 batches, "
         "a sidecar kill, a driver kill, a 503 and a reset window (flags given override it)",
     )
+    parser.add_argument(
+        "--jvm-options",
+        help="for every JVM of the cluster and its drivers (default: the JVM's own; the "
+        "tests pass light ones: --jvm-options='-XX:TieredStopAtLevel=1 ...')",
+    )
     parser.add_argument("--report-dir", type=Path, default=DEFAULT_REPORT_DIR)
     parser.add_argument(
         "--dir",
@@ -64,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "keys": ns.keys,
         "process_faults": ns.process_faults,
         "s3_windows": ns.s3_windows,
+        "jvm_options": ns.jvm_options,
     }
     cfg = replace(base, **{k: v for k, v in overrides.items() if v is not None})
     if ns.seed is None and not ns.short:

@@ -50,6 +50,9 @@ class ChaosConfig:
     #: driver exits nobody caused (the job gave up under faults) a round tolerates, each
     #: followed by a new driver; one more fails the round
     max_unplanned_exits: int = 4
+    #: options for every JVM of a round's cluster and its drivers (see
+    #: :mod:`loadtest.spark_cluster`); "" (the bench): the JVM's defaults
+    jvm_options: str = ""
 
     def spec(self) -> ScheduleSpec:
         """The schedule spec of every round (validates the schedule settings)."""

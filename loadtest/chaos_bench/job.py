@@ -1,8 +1,9 @@
 """The chaos bench's keyed job: a :class:`~dstl_client.processor.StatefulProcessor` with
 event-time timers, as one driver process on a standalone cluster.
 
-Takes the command line of :mod:`loadtest.cluster_bench.job` (the bench starts
-it through :class:`loadtest.cluster_bench.driver.Driver` with
+Takes the command line of :mod:`loadtest.cluster_bench.job`, ``--jvm-options``
+included (the bench starts it through
+:class:`loadtest.cluster_bench.driver.Driver` with
 ``module="loadtest.chaos_bench.job"``)::
 
     python -m loadtest.chaos_bench.job --master spark://127.0.0.1:7077 --address ... \\
@@ -108,6 +109,7 @@ def main() -> int:
     p.add_argument("--until-files", type=int, required=True)
     p.add_argument("--until-batch", type=int, help="not used (the cluster job's flag)")
     p.add_argument("--crash", default="", help="not used (the cluster job's flag)")
+    p.add_argument("--jvm-options", default="", help="the driver's and executors' JVMs")
     p.add_argument("--phases-file", default="", help="append 'phase batch unix_time' lines")
     p.add_argument("--timeout-s", type=float, default=400.0)
     args = p.parse_args()
@@ -125,7 +127,7 @@ def main() -> int:
         if phases is not None:
             phases.write(f"{phase} {batch_id} {time.time():.6f}\n")
 
-    spark = session(args.master, args.executors)
+    spark = session(args.master, args.executors, args.jvm_options)
     events = (
         spark.readStream.schema(INPUT_SCHEMA)
         .option("maxFilesPerTrigger", 1)

@@ -191,7 +191,13 @@ class Round:
                 stack.callback(self._stop_sidecars)
                 self.driver_sidecar = self._sidecar(self.work / "driver-sidecar")
                 cluster = stack.enter_context(
-                    SparkCluster(self.work / "cluster", self.s3, self.prefix, workers=cfg.nodes)
+                    SparkCluster(
+                        self.work / "cluster",
+                        self.s3,
+                        self.prefix,
+                        workers=cfg.nodes,
+                        jvm_options=cfg.jvm_options,
+                    )
                 )
                 self.tag(f"cluster up: master {cluster.master_url}, {cfg.nodes} workers")
                 try:

@@ -47,6 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--parallelism", type=int, help=f"tasks per batch ({d.parallelism})")
     parser.add_argument("--warmup-batches", type=int, help=f"left out ({d.warmup_batches})")
     parser.add_argument("--stall-timeout-s", type=float, help=f"default {d.stall_timeout_s:g}")
+    parser.add_argument(
+        "--jvm-options",
+        help="for every JVM of the clusters and their drivers (default: the JVM's own)",
+    )
     parser.add_argument("--report-dir", type=Path, default=DEFAULT_REPORT_DIR)
     parser.add_argument(
         "--dir", type=Path, default=None, help="work directory, kept (default: temp, removed)"
@@ -63,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "parallelism": ns.parallelism,
         "warmup_batches": ns.warmup_batches,
         "stall_timeout_s": ns.stall_timeout_s,
+        "jvm_options": ns.jvm_options,
     }
     cfg = replace(d, **{k: v for k, v in overrides.items() if v is not None})
     if cfg.batches < cfg.warmup_batches + 2 or cfg.rows < 1 or cfg.keys < 1:

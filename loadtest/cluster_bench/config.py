@@ -32,3 +32,6 @@ class BenchConfig:
     stall_timeout_s: float = 300.0
     #: a driver that exits before the last batch is started again at most this often
     max_driver_restarts: int = 2
+    #: options for every JVM of the clusters and their drivers (see
+    #: :mod:`loadtest.spark_cluster`); "": the JVM's defaults
+    jvm_options: str = ""

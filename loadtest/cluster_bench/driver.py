@@ -1,4 +1,9 @@
-"""One driver process of the job (``loadtest.cluster_bench.job``) and its phase log."""
+"""One driver process of the job (``loadtest.cluster_bench.job``) and its phase log.
+
+The driver gets the cluster's ``jvm_options`` (see :mod:`loadtest.spark_cluster`)
+as ``--jvm-options``; the job sets them as the driver's and the executors'
+extra Java options.
+"""
 
 from __future__ import annotations
 
@@ -103,13 +108,16 @@ class Driver:
             "phases-file": phases_file or "",
             "timeout-s": timeout_s,
             "crash": crash,
+            # the cluster's JVM options for the driver's and the executors' JVMs
+            "jvm-options": cluster.jvm_options or None,
         }
-        for name, value in args.items():
-            if value is not None:
-                cmd += [f"--{name}", str(value)]
+        # ``--name=value``: a value may start with "-" (JVM options do)
+        cmd += [f"--{name}={value}" for name, value in args.items() if value is not None]
         env = {**os.environ, **cluster.s3.env(), "PYSPARK_PYTHON": sys.executable}
         env["AWS_ENDPOINT_URL"] = cluster.s3.endpoint_url
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
+        if cluster.jvm_options:  # the launcher JVM that spark-submit starts first
+            env["SPARK_LAUNCHER_OPTS"] = cluster.jvm_options
         for name in ("DSTL_ADDRESS", "DSTL_STATE_DIR"):
             env.pop(name, None)
         disk = work / f"driver-disk-{time.monotonic_ns()}"

@@ -3,11 +3,16 @@
 Run by ``tests/e2e/test_cluster.py`` and the cluster benchmark::
 
     python -m loadtest.cluster_bench.job --master spark://127.0.0.1:7077 --address ... \\
-        --checkpoint-dir ... --input-dir ... --out-dir ... (--until-batch 7 | --until-files 8) [--crash phase:batch]
+        --checkpoint-dir ... --input-dir ... --out-dir ... (--until-batch 7 | --until-files 8) \\
+        [--crash phase:batch] [--jvm-options="-XX:TieredStopAtLevel=1 ..."]
 
 The executors find their own node's sidecar and state directory in their
 environment (the cluster's workers set ``DSTL_ADDRESS``/``DSTL_STATE_DIR``);
 ``--address`` is the sidecar of the driver's node, used by the driver alone.
+``--jvm-options`` (default: none) go to the driver's JVM and the executors'
+(``spark.driver.extraJavaOptions``, ``spark.executor.extraJavaOptions``): the
+tests start the cluster's JVMs with light options, the benchmark with the
+JVM's defaults.
 The user function is defined here, in ``__main__``, so it travels to the
 executors by value (they cannot import the tests package).
 """
@@ -52,11 +57,18 @@ def count_and_sum(key: Any, rows: list[dict[str, Any]], ctx: Any) -> Any:
     yield key, count, total
 
 
-def session(master: str, executors: int) -> Any:
+def session(master: str, executors: int, jvm_options: str = "") -> Any:
+    """The driver's Spark session on the cluster at ``master`` (``jvm_options``: see the
+    module docstring)."""
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    if jvm_options:
+        builder = builder.config("spark.driver.extraJavaOptions", jvm_options).config(
+            "spark.executor.extraJavaOptions", jvm_options
+        )
     spark = (
-        SparkSession.builder.master(master)
+        builder.master(master)
         .appName("dstl-cluster-test")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
@@ -97,6 +109,7 @@ def main() -> int:
         " (the batch ids can shift: see loadtest.spark_offsets)",
     )
     p.add_argument("--crash", default="", help="phase:batch -> SIGKILL the driver there")
+    p.add_argument("--jvm-options", default="", help="the driver's and executors' JVMs")
     p.add_argument("--phases-file", default="", help="append 'phase batch unix_time' lines")
     p.add_argument(
         "--timeout-s",
@@ -127,7 +140,7 @@ def main() -> int:
             print(f"crashing at {phase} of batch {batch_id}", flush=True)
             os.killpg(os.getpgid(0), signal.SIGKILL)
 
-    spark = session(args.master, args.executors)
+    spark = session(args.master, args.executors, args.jvm_options)
     df = (
         spark.readStream.schema("k string, v long")
         .option("maxFilesPerTrigger", 1)

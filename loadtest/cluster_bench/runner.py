@@ -166,7 +166,13 @@ class Run:
         error = ""
         with (
             driver_sidecar,
-            SparkCluster(self.work / "cluster", self.s3, self.prefix, workers=self.n) as cluster,
+            SparkCluster(
+                self.work / "cluster",
+                self.s3,
+                self.prefix,
+                workers=self.n,
+                jvm_options=cfg.jvm_options,
+            ) as cluster,
         ):
             up_s = time.monotonic() - t0
             self.uploads = {node.name: 0.0 for node in cluster.nodes}

@@ -96,7 +96,8 @@ def read_outputs(out_dir: Path) -> set[tuple[int, str, int, int]]:
 
 #: the test JVMs' options: the client compiler only and the serial collector start a
 #: JVM and run the tests' small jobs about 40 % faster on 2 cores than the default
-#: (C2 and G1 threads compete with the tasks for the cores)
+#: (C2 and G1 threads compete with the tasks for the cores); the multi-node tests give
+#: them to every JVM of their standalone cluster (``SparkCluster(jvm_options=...)``)
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 

@@ -25,7 +25,7 @@ from dstl_server.testing_s3 import SeaweedS3
 from loadtest.cluster_bench.driver import Driver, checkpoint_dir, spark_checkpoint
 from loadtest.spark_cluster import SparkCluster
 from loadtest.spark_offsets import file_groups
-from tests.e2e._spark_job import expected_grouped, read_outputs, write_input
+from tests.e2e._spark_job import TEST_JVM_OPTIONS, expected_grouped, read_outputs, write_input
 
 # three driver runs, each starting Spark on a cluster (JVMs): minutes, not seconds
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.s3, pytest.mark.timeout(900)]
@@ -83,7 +83,10 @@ def test_a_node_kill_and_a_driver_restart_on_a_two_node_cluster_give_the_failure
         extra_args=weed_s3.server_args(),
         env=weed_s3.env(),
     )
-    with driver_node, SparkCluster(tmp_path / "cluster", weed_s3, s3_prefix, workers=2) as cluster:
+    cluster = SparkCluster(
+        tmp_path / "cluster", weed_s3, s3_prefix, workers=2, jvm_options=TEST_JVM_OPTIONS
+    )
+    with driver_node, cluster:
         try:
             # run 1: executors on both nodes; node 1 dies after batch 2
             driver = start_driver(tmp_path, cluster, driver_node.address, until=4)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e._spark_job import TEST_JVM_OPTIONS
 from tests.loadtest._procs import processes_mentioning
 from tests.s3_fixtures import require_weed
 
@@ -41,6 +42,8 @@ def test_the_short_chaos_run_injects_its_faults_and_gets_the_failure_free_output
             str(work),
             "--report-dir",
             str(reports),
+            # every JVM of the cluster and its drivers: the tests' light options
+            f"--jvm-options={TEST_JVM_OPTIONS}",
         ],
         cwd=REPO,
         capture_output=True,
