@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from dstl_client.vectorized import BatchInput, BatchOutput
 
 ZERO = pa.scalar(0, pa.int64())
