@@ -74,6 +74,7 @@ def test_a_batch_whose_task_hangs_past_the_checkpoint_timeout_is_aborted_at_once
         sidecar.address,
         fn=functools.partial(hang_once, marker),
         job_id="abort-hung",
+        parallelism=1,
         checkpoint_timeout_s=TIMEOUT_S,
         tolerable_failed_checkpoints=1,
         on_phase=on_phase,
