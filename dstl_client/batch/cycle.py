@@ -49,6 +49,7 @@ from typing import Any, Generic, TypeVar
 
 from dstl_client.batch.columns import META_COLUMN, RESULT_COLUMNS
 from dstl_client.batch.inputs import check_key_column, check_reserved
+from dstl_client.batch.jobs import BatchJobs
 from dstl_client.batch.options import KeyedOptions
 from dstl_client.batch.query import DstlQuery, QueryStopping, source_progress, start_query
 from dstl_client.batch.routing import KeyedSchemas, TaskFunction, route_and_map
@@ -163,7 +164,8 @@ class BatchCycle(Generic[Q]):
             )
             self.handle.config_server.register(first)
         self.job_id = first.config.job_id
-        self._running: dict[int, tuple[Any, str]] = {}
+        #: the Spark jobs of the batch in flight, cancelled by :meth:`abort`
+        self.jobs = BatchJobs(self.job_id)
         for coordinator in self.coordinators:
             coordinator.on_timeout = self.abort
             coordinator.start_watchdog()
@@ -189,10 +191,9 @@ class BatchCycle(Generic[Q]):
         return handle
 
     def abort(self, batch_id: int) -> None:
-        """Interrupt the Spark jobs of ``batch_id`` (its checkpoint timed out)."""
-        found = self._running.get(batch_id)
-        if found is not None:
-            found[0].interruptTag(found[1])
+        """Cancel the Spark jobs of ``batch_id``, their tasks interrupted (its checkpoint
+        timed out): its ``run`` raises, and the batch runs again (:mod:`.jobs`)."""
+        self.jobs.cancel(batch_id)
 
     # ------------------------------------------------------------ one batch
     def run_batch(self, batch_df: Any, batch_id: int) -> None:
@@ -209,14 +210,11 @@ class BatchCycle(Generic[Q]):
                 if not plans:
                     return
                 self._phase("planned", batch_id)
-                session = batch_df.sparkSession
-                tag = f"dstl-{self.job_id}-{batch_id}"
-                session.addTag(tag)
-                self._running[batch_id] = (session, tag)
                 try:
-                    results = self.run(batch_df, batch_id, plans)
-                    self._phase("tasks_done", batch_id)
-                    self.complete(batch_id, plans, results, started)
+                    with self.jobs.running(batch_df.sparkSession.sparkContext, batch_id):
+                        results = self.run(batch_df, batch_id, plans)
+                        self._phase("tasks_done", batch_id)
+                        self.complete(batch_id, plans, results, started)
                 except Exception as exc:
                     planned = self.coordinators[: len(plans)]
                     aborted = any(c.was_aborted(batch_id) for c in planned)
@@ -224,8 +222,6 @@ class BatchCycle(Generic[Q]):
                         raise
                     continue
                 finally:
-                    self._running.pop(batch_id, None)
-                    session.removeTag(tag)
                     for coordinator, plan in zip(self.coordinators, plans, strict=False):
                         coordinator.end_batch(plan.batch_id)
                 self.failures.succeeded()

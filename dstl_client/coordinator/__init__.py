@@ -8,6 +8,7 @@ package never imports :mod:`dstl_client.state`, nor it this one.
 Module map (one role each): :mod:`.metadata` (the job metadata store: a
 directory or S3), :mod:`.storage`, :mod:`.registry`, :mod:`.config`,
 :mod:`.batches`, :mod:`.retention`, :mod:`.cleanup`, :mod:`.watchdog`,
-:mod:`.overrides`, :mod:`.metrics`, :mod:`.coordinator` (sequences them),
-:mod:`.rest`. The local runner is :mod:`dstl_client.batch.local`.
+:mod:`.overrides`, :mod:`.dynamic_config`, :mod:`.last_writers`,
+:mod:`.metrics`, :mod:`.coordinator` (sequences them), :mod:`.rest` (with
+:mod:`.rest_limits`). The local runner is :mod:`dstl_client.batch.local`.
 """

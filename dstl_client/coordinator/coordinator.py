@@ -13,7 +13,8 @@ The coordinator only sequences its parts, each with one role:
 * :mod:`.retention`: retained records, the shared state registry, discards,
   orphans;
 * :mod:`.watchdog`: the checkpoint timeout of the batch in flight;
-* :mod:`.overrides`: the REST configuration overrides, persisted;
+* :mod:`.dynamic_config`: the configuration in force and its REST updates
+  (persisted by :mod:`.overrides`);
 * :mod:`.lifecycle`: restoring a chosen checkpoint (``restore_from``);
 * :mod:`.stats` and :mod:`.metrics`: per-checkpoint statistics and metrics.
 
@@ -52,19 +53,12 @@ from dstl_client.coordinator.batches import (
     tail_outgrew,
 )
 from dstl_client.coordinator.cleanup import OrphanSweeper
-from dstl_client.coordinator.config import CheckpointSettings, CoordinatorConfig
+from dstl_client.coordinator.config import CoordinatorConfig
+from dstl_client.coordinator.dynamic_config import DynamicConfig
+from dstl_client.coordinator.last_writers import LastWriters
 from dstl_client.coordinator.lifecycle import DisposeResult, dispose_operator
 from dstl_client.coordinator.metadata import MetadataStore
 from dstl_client.coordinator.metrics import CoordinatorMetrics
-from dstl_client.coordinator.overrides import (
-    INTERVAL,
-    MATERIALIZATION,
-    TIMEOUT,
-    ConfigOverrides,
-    ConfigUpdateInProgress,
-    apply_overrides,
-    check_override,
-)
 from dstl_client.coordinator.registry import SharedStateRegistry
 from dstl_client.coordinator.retention import RetainedCheckpoints, Sweeper, SweeperFactory
 from dstl_client.coordinator.rollback import RestoreResult, restore_on_start
@@ -74,7 +68,6 @@ from dstl_client.coordinator.storage import CheckpointStorage
 from dstl_client.coordinator.watchdog import CheckpointWatchdog
 from dstl_client.core.errors import ConfigError
 from dstl_client.keygroups import check_parallelism
-from dstl_client.logs import close_log
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +105,6 @@ class CheckpointCoordinator:
         materialization interval are measured on (a test passes a fake one)."""
         config = config.resolved()
         config.validate()
-        self.config = config
         #: the job's metadata store (``metadata``, else opened from the config and owned)
         self.metadata = metadata or config.open_metadata()
         self._own_metadata = metadata is None
@@ -125,22 +117,20 @@ class CheckpointCoordinator:
         self._lock = threading.RLock()
         self._retention = RetainedCheckpoints(config, self.storage, lambda: self.client)
         self._schedule = MaterializationSchedule(clock)
-        self._overrides = ConfigOverrides(self.metadata, config.overrides_name)
         self._watchdog = CheckpointWatchdog(
             lambda: self.config.checkpoint_timeout_s,
             on_abort=self.metrics.checkpoint_timeouts.inc,
             clock=clock,
         )
+        self._dynamic = DynamicConfig(config, self.metadata, self._lock, self._watchdog.check)
         self.started = False
         self.orphans_removed = 0
         #: what :meth:`start` restored (``restore_from``), if anything
         self.restored: RestoreResult | None = None
         #: per-checkpoint statistics (the newest 10,000)
         self.history: deque[CheckpointStats] = deque(maxlen=10_000)
-        #: subtask -> log id of its changelog writer, as of the last recorded batch
-        self._writers: dict[int, str] = {}
-        #: called (on the updating thread) with a new checkpoint interval in seconds
-        self.on_interval_change: Callable[[float], None] | None = None
+        #: the changelog writers of the last recorded batch (closed by :meth:`close_writers`)
+        self._writers = LastWriters()
         #: the id of the state schema document this run's records name (:meth:`adopt_schemas`)
         self.state_schema: str | None = None
 
@@ -170,21 +160,10 @@ class CheckpointCoordinator:
     def close_writers(self) -> int:
         """Close the changelog writers of the last recorded batch's subtasks; how many.
 
-        Best effort, through the driver's sidecar with the job's token: the
-        writers live in the sidecars of the executors' nodes, so this reaches
-        those that share the driver's sidecar (one node); the others close
-        when idle. A task that finds its log closed starts a new one.
+        Best effort, through the driver's sidecar with the job's token (see
+        :meth:`.LastWriters.close`: those of other nodes close when idle).
         """
-        with self._lock:
-            log_ids = sorted(set(self._writers.values()))
-            self._writers = {}
-        if not log_ids:
-            return 0
-        try:
-            client = self.client
-        except ConfigError:
-            return 0
-        return sum(close_log(client, self.config.job_id, log_id) for log_id in log_ids)
+        return self._writers.close(lambda: self.client, self.config.job_id)
 
     def dispose(self) -> DisposeResult:
         """Delete this operator's checkpoints, the objects only they use and its Spark checkpoint.
@@ -200,7 +179,7 @@ class CheckpointCoordinator:
                 client = None
             result = dispose_operator(self.config, self.metadata, client=client)
             self._retention = RetainedCheckpoints(self.config, self.storage, lambda: self.client)
-            self._writers = {}
+            self._writers.forget()
             return result
 
     def close(self) -> None:
@@ -212,50 +191,38 @@ class CheckpointCoordinator:
             self.metadata.close()
         self.metrics.close()
 
-    # ------------------------------------------------- dynamic configuration
+    # --------------------------------- dynamic configuration (:mod:`.dynamic_config`)
+    @property
+    def config(self) -> CoordinatorConfig:
+        """The configuration in force: the job's, with the REST overrides applied."""
+        return self._dynamic.config
+
     @property
     def overrides_location(self) -> str:
         """Where the REST overrides are persisted (a path or URL)."""
-        return self._overrides.location
+        return self._dynamic.location
 
     @property
     def config_update_lock(self) -> threading.Lock:
         """Held while a configuration update runs (a second one gets a 409)."""
-        return self._overrides.update_lock
+        return self._dynamic.update_lock
+
+    @property
+    def on_interval_change(self) -> Callable[[float], None] | None:
+        """Called (on the updating thread) with a new checkpoint interval in seconds."""
+        return self._dynamic.on_interval_change
+
+    @on_interval_change.setter
+    def on_interval_change(self, listener: Callable[[float], None] | None) -> None:
+        self._dynamic.on_interval_change = listener
 
     def set_materialize_interval(self, seconds: float) -> None:
         """Change the materialization interval of the running job (not persisted)."""
-        if seconds < 0:
-            raise ConfigError("materialize_interval_s must be >= 0")
-        with self._lock:
-            self.config = replace(self.config, materialize_interval_s=seconds)
+        self._dynamic.set_materialize_interval(seconds)
 
     def effective_config(self) -> dict[str, Any]:
-        """The values in force (``GET .../checkpoints/configuration``); durations in ms.
-
-        ``sources`` says where each tunable came from: ``override`` (the REST
-        endpoint, persisted), ``job config`` (the job's options) or ``default``.
-        """
-        with self._lock:
-            cfg = self.config
-            overrides = self._overrides.read()
-            defaults = CheckpointSettings()
-            values = {
-                INTERVAL: (cfg.checkpoint_interval_s, defaults.checkpoint_interval_s),
-                TIMEOUT: (cfg.checkpoint_timeout_s, defaults.checkpoint_timeout_s),
-                MATERIALIZATION: (cfg.materialize_interval_s, defaults.materialize_interval_s),
-            }
-            return {
-                "jobId": cfg.job_id,
-                **{name: round(v * 1000) for name, (v, _d) in values.items()},
-                "retainedCheckpoints": cfg.retain,
-                "sources": {
-                    name: "override"
-                    if name in overrides
-                    else ("default" if v == d else "job config")
-                    for name, (v, d) in values.items()
-                },
-            }
+        """The values in force, in ms, and where each came from (:meth:`.DynamicConfig.effective`)."""
+        return self._dynamic.effective()
 
     def update_config(
         self,
@@ -264,41 +231,12 @@ class CheckpointCoordinator:
         checkpoint_timeout_ms: int | None = None,
         materialization_interval_ms: int | None = None,
     ) -> dict[str, Any]:
-        """Change the interval, timeout and/or materialization interval of the running job.
-
-        The new values are persisted in the job's metadata store first (so a
-        restarted driver applies them again), then applied: a new timeout also
-        governs the batch in flight (extended: it may finish; shortened below
-        its elapsed time: it is aborted at once); a new interval goes to
-        :attr:`on_interval_change` (the query switches its trigger between
-        two batches). Raises :class:`ConfigError` for invalid values,
-        :class:`ConfigUpdateInProgress` when another update is running and
-        :class:`~.metadata.MetadataStoreError` when the update could not be
-        persisted (nothing applied).
-        """
-        changes: dict[str, int] = {}
-        for name, value in (
-            (INTERVAL, checkpoint_interval_ms),
-            (TIMEOUT, checkpoint_timeout_ms),
-            (MATERIALIZATION, materialization_interval_ms),
-        ):
-            if value is not None:
-                check_override(name, value)
-                changes[name] = value
-        if not self._overrides.update_lock.acquire(blocking=False):
-            raise ConfigUpdateInProgress("another configuration update is in progress")
-        try:
-            with self._lock:
-                before = self.config.checkpoint_interval_s
-                self.config, _ = self._overrides.update(self.config, changes)
-                interval = self.config.checkpoint_interval_s
-            self._watchdog.check()
-            listener = self.on_interval_change
-            if interval != before and listener is not None:
-                listener(interval)
-            return self.effective_config()
-        finally:
-            self._overrides.update_lock.release()
+        """Persist, then apply new values to the running job (:meth:`.DynamicConfig.update`)."""
+        return self._dynamic.update(
+            checkpoint_interval_ms=checkpoint_interval_ms,
+            checkpoint_timeout_ms=checkpoint_timeout_ms,
+            materialization_interval_ms=materialization_interval_ms,
+        )
 
     # ------------------------------------------------------------- timeouts
     @property
@@ -332,8 +270,7 @@ class CheckpointCoordinator:
         latest record and the query resumes after it.
         """
         with self._lock:
-            self.config = apply_overrides(self.config, self._overrides.read())
-            cfg = self.config
+            cfg = self._dynamic.apply_persisted()
             # a restore interrupted earlier is finished; restore_from applies once per batch id
             self.restored = restore_on_start(cfg, self.metadata, cfg.spark_checkpoint_dir)
             dropped = self._retention.load()
@@ -449,7 +386,7 @@ class CheckpointCoordinator:
             record_s = time.perf_counter() - t0
             self._watchdog.end(plan.batch_id)
             discarded = self._retention.add(record)
-            self._writers = {r.index: r.log_id for r in results if r.log_id}
+            self._writers.recorded(results)
             stats = stats.completed(
                 record_s=record_s,
                 discarded_objects=discarded,

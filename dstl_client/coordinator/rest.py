@@ -31,15 +31,15 @@ unexpected failure too (500); other methods get 405, other paths 404.
 Updates are persisted in the job's metadata store *before* they are applied,
 so a restarted driver applies them again.
 
-**Bounded**: the endpoint is a control path in the driver, whose data path
-(checkpoint record writes, the sidecar's channels) needs file descriptors, so
-it holds at most ``max_connections`` connections (default
-:data:`DEFAULT_MAX_CONNECTIONS`): one more is answered ``503`` (JSON) and
-closed at once. A connection that has not sent a complete request head
-within ``head_timeout_s`` (default :data:`DEFAULT_HEAD_TIMEOUT_S`) of being
-opened or of its previous answer is closed (slowloris, idle keep-alive), and
-a request body must arrive within the same time. A request head is at most
-32 header lines of 8 KiB each.
+**Bounded** (:mod:`.rest_limits`): the endpoint is a control path in the
+driver, whose data path (checkpoint record writes, the sidecar's channels)
+needs file descriptors, so it holds at most ``max_connections`` connections
+(default :data:`DEFAULT_MAX_CONNECTIONS`): one more is answered ``503``
+(JSON) and closed at once. A connection that has not sent a complete request
+head within ``head_timeout_s`` (default :data:`DEFAULT_HEAD_TIMEOUT_S`) of
+being opened or of its previous answer is closed (slowloris, idle
+keep-alive), and a request body must arrive within the same time. A request
+head is at most 32 header lines of 8 KiB each.
 
 The server binds ``127.0.0.1`` by default. On any other host it requires a
 token: every request must carry ``Authorization: Bearer <token>`` (401
@@ -60,11 +60,9 @@ import logging
 import re
 import socket
 import threading
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.overrides import (
@@ -75,6 +73,11 @@ from dstl_client.coordinator.overrides import (
     TIMEOUT,
     ConfigUpdateInProgress,
     check_override,
+)
+from dstl_client.coordinator.rest_limits import (
+    DEFAULT_HEAD_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    GuardedServer,
 )
 from dstl_client.core.errors import ConfigError, DstlError
 
@@ -88,16 +91,6 @@ _FIELDS = {
 }
 _MAX_BODY = 64 * 1024
 _PATH = re.compile(r"^/jobs/([^/]+)/checkpoints/(?:configuration|config)$")
-#: connections the endpoint holds at most (one more gets 503 and is closed)
-DEFAULT_MAX_CONNECTIONS = 64
-#: seconds a connection may take to send a complete request head (and a body)
-DEFAULT_HEAD_TIMEOUT_S = 5.0
-_MAX_HEADERS = 32
-_MAX_FIELD = 8190
-_REFUSED = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
-)
 
 __all__ = [
     "DEFAULT_HEAD_TIMEOUT_S",
@@ -121,87 +114,6 @@ def is_loopback(host: str) -> bool:
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
-
-
-class _GuardedServer(web.Server):
-    """aiohttp's low-level server with a connection cap and a head timeout.
-
-    Invariants: at most ``max_connections`` connections are kept (the next
-    one is answered 503 and closed in :meth:`connection_made`); a connection
-    with no request in its handler for ``head_timeout_s`` (since it opened or
-    since its last request ended) is closed by :meth:`reap`.
-
-    Thread: the event loop's only (aiohttp calls the hooks there, and
-    :meth:`reap` runs there).
-    """
-
-    def __init__(
-        self,
-        handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
-        *,
-        max_connections: int,
-        head_timeout_s: float,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(handler, **kwargs)
-        self.max_connections = max_connections
-        self.head_timeout_s = head_timeout_s
-        #: connections held (accepted, not closed yet); the refused ones are not in it
-        self.live: set[RequestHandler] = set()
-        #: connection -> requests in its handler now
-        self.busy: dict[RequestHandler, int] = {}
-        #: connection -> loop time since which it has had no request in its handler
-        self.idle_since: dict[RequestHandler, float] = {}
-        self.refused = 0
-        self.reaped = 0
-
-    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
-        super().connection_made(handler, transport)
-        if len(self.live) >= self.max_connections:
-            self.refused += 1
-            body = json.dumps(
-                {"error": f"too many connections (at most {self.max_connections}): try again"}
-            ).encode()
-            transport.write(_REFUSED % (len(body), body))
-            # closed once aiohttp's handler task has started (closing here, before it
-            # exists, leaves that task failing on Python < 3.12)
-            asyncio.get_running_loop().call_soon(transport.close)
-            return
-        self.live.add(handler)
-        self.idle_since[handler] = asyncio.get_running_loop().time()
-
-    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
-        super().connection_lost(handler, exc)
-        self.live.discard(handler)
-        self.busy.pop(handler, None)
-        self.idle_since.pop(handler, None)
-
-    def request_began(self, handler: RequestHandler) -> None:
-        self.busy[handler] = self.busy.get(handler, 0) + 1
-
-    def request_ended(self, handler: RequestHandler) -> None:
-        n = self.busy.get(handler, 0) - 1
-        if n > 0:
-            self.busy[handler] = n
-            return
-        self.busy.pop(handler, None)
-        if handler in self.idle_since:
-            self.idle_since[handler] = asyncio.get_running_loop().time()
-
-    def reap(self) -> int:
-        """Close every connection idle (no request in its handler) for ``head_timeout_s``."""
-        deadline = asyncio.get_running_loop().time() - self.head_timeout_s
-        late = [
-            h for h, since in self.idle_since.items() if h not in self.busy and since <= deadline
-        ]
-        for h in late:
-            self.idle_since.pop(h, None)
-            h.force_close()
-            transport = h.transport
-            if transport is not None:
-                transport.close()
-        self.reaped += len(late)
-        return len(late)
 
 
 class CheckpointConfigServer:
@@ -246,7 +158,7 @@ class CheckpointConfigServer:
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._runner: web.ServerRunner | None = None
-        self._server: _GuardedServer | None = None
+        self._server: GuardedServer | None = None
         self._reaper: asyncio.Task[None] | None = None
         started = threading.Event()
         failure: list[BaseException] = []
@@ -283,15 +195,11 @@ class CheckpointConfigServer:
                 message, payload, protocol, writer, task, loop, client_max_size=_MAX_BODY
             )
 
-        self._server = _GuardedServer(
+        self._server = GuardedServer(
             self._handle,
             max_connections=self.max_connections,
             head_timeout_s=self.head_timeout_s,
             request_factory=request,
-            keepalive_timeout=self.head_timeout_s,
-            max_headers=_MAX_HEADERS,
-            max_field_size=_MAX_FIELD,
-            max_line_size=_MAX_FIELD,
             access_log=None,
         )
         self._runner = web.ServerRunner(self._server, handle_signals=False)
@@ -306,14 +214,7 @@ class CheckpointConfigServer:
         except BaseException:
             sock.close()
             raise
-        self._reaper = asyncio.create_task(self._reap_forever())
-
-    async def _reap_forever(self) -> None:
-        server = self._server
-        assert server is not None
-        while True:
-            await asyncio.sleep(min(1.0, self.head_timeout_s / 4))
-            server.reap()
+        self._reaper = asyncio.create_task(self._server.reap_forever())
 
     @property
     def connections(self) -> int:
