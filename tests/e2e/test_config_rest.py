@@ -141,8 +141,8 @@ def test_a_new_checkpoint_interval_switches_the_trigger_without_restarting_spark
 
 
 #: the checkpoint timeout of the job below, and how long its slow attempt takes: twice
-#: the timeout, so the watchdog has aborted the batch when the attempt ends (a task
-#: already sleeping in a Python worker runs to its end; then the batch runs again)
+#: the timeout, so the watchdog aborts the batch while the attempt sleeps (the abort
+#: cancels the batch's Spark jobs; then the batch runs again)
 TIMEOUT_S = 15.0
 SLOW_S = 2 * TIMEOUT_S
 
