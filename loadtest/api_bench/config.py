@@ -23,7 +23,7 @@ ENGINE_NAMES = {
 #: engines whose state is Spark's (the RocksDB provider, changelog checkpointing on)
 SPARK_STATE_ENGINES = ("tws", "apply", "jvm")
 #: engines that run over a dstl sidecar
-DSTL_ENGINES = ("dstl", "vec")
+SIDECAR_ENGINES = ("dstl", "vec")
 
 #: goal (issue 20): vectorized median batch at least this many times shorter than
 #: transformWithStateInPandas'

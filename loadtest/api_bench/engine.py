@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from loadtest.api_bench.config import DSTL_ENGINES, ENGINES, BenchConfig
+from loadtest.api_bench.config import ENGINES, SIDECAR_ENGINES, BenchConfig
 from loadtest.api_bench.figures import EngineRun
 
 
@@ -29,7 +29,7 @@ def log(msg: str) -> None:
 @contextlib.contextmanager
 def sidecar(engine: str, root: Path) -> Iterator[str]:
     """The address of a fresh ``dstl-server`` for a dstl engine ("" for Spark's)."""
-    if engine not in DSTL_ENGINES:
+    if engine not in SIDECAR_ENGINES:
         yield ""
         return
     from dstl_server.testing import ServerProcess

@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from loadtest.api_bench.config import DSTL_ENGINES
+from loadtest.api_bench.config import SIDECAR_ENGINES
 
 NAN = float("nan")
 
@@ -103,7 +103,7 @@ def batch_of(progress: dict[str, Any], engine: str, output_rows: int) -> Batch:
     d = progress.get("durationMs") or {}
     ops = progress.get("stateOperators") or []
     rw = NAN
-    if engine in DSTL_ENGINES:
+    if engine in SIDECAR_ENGINES:
         fig = progress.get("dstl") or {}
         state_ms = _ms(fig, "checkpointDurationMs")
         state_rows = fig.get("stateRows")

@@ -19,8 +19,8 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor as SparkS
 
 from loadtest.api_bench.config import (
     CHANGELOG,
-    DSTL_ENGINES,
     ROCKSDB,
+    SIDECAR_ENGINES,
     SPARK_STATE_ENGINES,
     BenchConfig,
 )
@@ -238,7 +238,7 @@ def run_engine(
             first_seen = pending.setdefault(bid, time.perf_counter())
             waited = time.perf_counter() - first_seen
             if (
-                engine in DSTL_ENGINES
+                engine in SIDECAR_ENGINES
                 and not p.get("dstl")
                 and waited < FIGURES_WAIT_S
                 and not final

@@ -340,9 +340,7 @@ def test_versions_agree() -> None:
         assert labels["org.opencontainers.image.version"] == "${DSTL_VERSION}"
         for key in ("title", "description", "source", "licenses", "base.name"):
             assert labels[f"org.opencontainers.image.{key}"], key
-        assert (
-            labels["org.opencontainers.image.licenses"] == PYPROJECT["project"]["license"]["text"]
-        )
+        assert labels["org.opencontainers.image.licenses"] == PYPROJECT["project"]["license"]
         # the base named in the labels is the one built on
         base_label = labels["org.opencontainers.image.base.name"]
         if base_label == "${BASE_IMAGE}":  # the build argument, declared in the stage
