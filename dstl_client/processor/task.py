@@ -29,6 +29,7 @@ from dstl_client.processor.frames import (
     pandas_frames,
     spark_rows,
 )
+from dstl_client.processor.late_rows import split_late_rows
 from dstl_client.processor.runner import ProcessorTask, run_processor
 from dstl_client.processor.stats import ProcessorStats
 from dstl_client.processor.times import BatchTimes
@@ -98,20 +99,13 @@ def processor_task(
             parts.append(rb.select(wanted))
     table = pa.Table.from_batches(parts) if parts else None
     initial: list[tuple[Any, list[Any]]] = []
-    late_dropped = late_passed = 0
     if table is not None and spec.initial_columns is not None:
         is_init = pc.is_valid(table.column(INIT_COLUMN))
         initial = _initial_groups(spec, table.filter(is_init))
         table = table.filter(pc.invert(is_init)).drop_columns([INIT_COLUMN])
-    if table is not None and spec.event_time_column and times.late_watermark_ms >= 0:
-        micros = pc.cast(table.column(spec.event_time_column), pa.int64())
-        late = pc.fill_null(pc.less_equal(micros, times.late_watermark_ms * 1000), False)
-        n_late = pc.sum(late).as_py() or 0
-        if spec.late_rows == "drop":
-            late_dropped = n_late
-            table = table.filter(pc.invert(late))
-        else:
-            late_passed = n_late
+    table, late_dropped, late_passed = split_late_rows(
+        table, spec.event_time_column, times, spec.late_rows
+    )
     groups, n_rows = _input_groups(spec, table)
     outputs: list[Any] = []
     emit = outputs.append if user_arrow_fields(out_schema) else None

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from dstl_client.batch.columns import MARKER_COLUMN, output_batch, result_batch
 from dstl_client.checkpoint.messages import BatchPlan
+from dstl_client.processor.late_rows import split_late_rows
 from dstl_client.processor.times import BatchTimes
 from dstl_client.vectorized.keys import KG_COLUMN
 from dstl_client.vectorized.runner import run_batch
@@ -56,16 +57,9 @@ def vector_task(
         if rb.num_rows:
             parts.append(rb.select(wanted))
     table = pa.Table.from_batches(parts) if parts else None
-    late_dropped = late_passed = 0
-    if table is not None and spec.event_time_column and times.late_watermark_ms >= 0:
-        micros = pc.cast(table.column(spec.event_time_column), pa.int64())
-        late = pc.fill_null(pc.less_equal(micros, times.late_watermark_ms * 1000), False)
-        n_late = pc.sum(late).as_py() or 0
-        if spec.late_rows == "drop":
-            late_dropped = n_late
-            table = table.filter(pc.invert(late))
-        else:
-            late_passed = n_late
+    table, late_dropped, late_passed = split_late_rows(
+        table, spec.event_time_column, times, spec.late_rows
+    )
     run = run_batch(plan, ctx.partitionId(), spec, cloudpickle.loads(fn), table, times)
     result = replace(run.result, stats=replace(run.result.stats, task_attempt=ctx.attemptNumber()))
     output = run.output
