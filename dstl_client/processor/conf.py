@@ -126,3 +126,25 @@ def merged_options(
         if missing:
             raise TypeError(f"the query needs the options {missing}")
     return KeyedOptions.of(config, given)
+
+
+def writer_query_options(
+    api: str,
+    session: Any,
+    config: KeyedOptions | None,
+    options: Mapping[str, Any],
+    writer_options: Mapping[str, Any],
+) -> KeyedOptions:
+    """The options of a query started by a writer: the API call's ``options`` and the
+    writer's (``checkpointLocation``...; the same key given both ways with two values is a
+    ``ConfigError``), ``spark.dstl.*`` keys filling the rest (:func:`merged_options`)."""
+    clash = sorted(k for k in writer_options if k in options and options[k] != writer_options[k])
+    if clash:
+        raise ConfigError(f"{clash} given to both {api} and the writer")
+    try:
+        return merged_options(session, config, {**options, **writer_options})
+    except TypeError as exc:  # a required option is missing
+        raise ConfigError(
+            f"{exc}: give them to {api}, to the writer "
+            "(checkpointLocation) or as spark.dstl.* configuration keys"
+        ) from None

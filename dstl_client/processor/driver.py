@@ -24,8 +24,7 @@ from dstl_client.batch.routing import KeyedSchemas, TaskFunction
 from dstl_client.checkpoint.messages import BatchPlan
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from dstl_client.coordinator.state_schemas import OperatorSchemas
-from dstl_client.core.errors import ConfigError
-from dstl_client.processor.conf import merged_options
+from dstl_client.processor.conf import writer_query_options
 from dstl_client.processor.pipeline import (
     ProcessorOutput,
     apply_steps,
@@ -72,17 +71,9 @@ def start_output(output: ProcessorOutput, write: WriteSpec, query_options: dict[
     """
     first: StagePlan = output.segments[0].stage
     session = output.session
-    options = first.options
-    clash = sorted(k for k in query_options if k in options and options[k] != query_options[k])
-    if clash:
-        raise ConfigError(f"{clash} given to both transform_with_state and the writer")
-    try:
-        opts = merged_options(session, first.config, {**options, **query_options})
-    except TypeError as exc:  # a required option is missing
-        raise ConfigError(
-            f"{exc}: give them to transform_with_state, to the writer "
-            "(checkpointLocation) or as spark.dstl.* configuration keys"
-        ) from None
+    opts = writer_query_options(
+        "transform_with_state", session, first.config, first.options, query_options
+    )
     sink = make_sink(
         write,
         app_id=opts.job_id or default_job_id(opts.checkpoint_dir),

@@ -24,9 +24,8 @@ from dstl_client.batch.options import KeyedOptions, default_job_id
 from dstl_client.batch.routing import KeyedSchemas, TaskFunction
 from dstl_client.checkpoint.messages import BatchPlan
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
-from dstl_client.core.errors import ConfigError
 from dstl_client.keygroups import key_group_sql
-from dstl_client.processor.conf import merged_options
+from dstl_client.processor.conf import writer_query_options
 from dstl_client.processor.progress import ProcessorQuery
 from dstl_client.processor.sinks import WriteSpec, make_sink
 from dstl_client.processor.stats import BatchFigures, ProcessorStats
@@ -56,17 +55,9 @@ def start_query(
 ) -> ProcessorQuery:
     """Start the query of ``plan``; its output goes where ``write`` says."""
     session = plan.source.sparkSession
-    options = plan.options
-    clash = sorted(k for k in query_options if k in options and options[k] != query_options[k])
-    if clash:
-        raise ConfigError(f"{clash} given to both transform_batches and the writer")
-    try:
-        opts = merged_options(session, plan.config, {**options, **query_options})
-    except TypeError as exc:  # a required option is missing
-        raise ConfigError(
-            f"{exc}: give them to transform_batches, to the writer "
-            "(checkpointLocation) or as spark.dstl.* configuration keys"
-        ) from None
+    opts = writer_query_options(
+        "transform_batches", session, plan.config, plan.options, query_options
+    )
     sink = make_sink(
         write,
         app_id=opts.job_id or default_job_id(opts.checkpoint_dir),
