@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,31 @@ def write_clicks(directory: Path) -> None:
         os.utime(path, (oldest + i, oldest + i))  # distinct times: a fixed batch order
 
 
-def main() -> int:
+def start(clicks: Any, sidecar: ServerProcess, work: Path) -> Any:
+    """The streaming query of the processor over ``clicks``, its output in ``work/out``."""
+    query = (
+        transform_with_state(
+            clicks.groupBy("user"),
+            processor=ClicksPerUser(),
+            output_schema="user string, event string, count long",
+            output_mode="Update",
+            time_mode="EventTime",
+            event_time_column="ts",
+            watermark_delay="10 seconds",
+            parallelism=2,
+            dstl_address=sidecar.address,
+            state_dir=str(work / "state"),
+        )
+        .writeStream.format("parquet")
+        .option("checkpointLocation", str(work / "checkpoint"))
+        .start(str(work / "out"))
+    )
+    return query
+
+
+def run(start_query: Callable[[Any, ServerProcess, Path], Any]) -> int:
+    """Start a sidecar and Spark, run the query ``start_query`` builds over the clicks
+    (one micro-batch per file), print its output and stop everything."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # this demo binds loopback only
     from pyspark.sql import SparkSession
@@ -108,23 +132,7 @@ def main() -> int:
                     .option("maxFilesPerTrigger", 1)
                     .json(str(work / "in"))
                 )
-                query = (
-                    transform_with_state(
-                        clicks.groupBy("user"),
-                        processor=ClicksPerUser(),
-                        output_schema="user string, event string, count long",
-                        output_mode="Update",
-                        time_mode="EventTime",
-                        event_time_column="ts",
-                        watermark_delay="10 seconds",
-                        parallelism=2,
-                        dstl_address=sidecar.address,
-                        state_dir=str(work / "state"),
-                    )
-                    .writeStream.format("parquet")
-                    .option("checkpointLocation", str(work / "checkpoint"))
-                    .start(str(work / "out"))
-                )
+                query = start_query(clicks, sidecar, work)
                 try:
                     query.wait_for_batch(len(CLICKS) - 1, timeout_s=180)
                 finally:
@@ -143,4 +151,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(start))

@@ -13,10 +13,9 @@ as Arrow tables, and answers with tables: no Python call per user.
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,7 +24,7 @@ from dstl_client.vectorized import BatchInput, BatchOutput, transform_batches
 from dstl_server.testing import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from processor_quickstart import CLICKS, IDLE_MS, write_clicks  # the same input
+from processor_quickstart import IDLE_MS, run  # the same input, sidecar and Spark
 
 
 def clicks_per_user(batch: BatchInput) -> BatchOutput:
@@ -58,64 +57,27 @@ def clicks_per_user(batch: BatchInput) -> BatchOutput:
     )
 
 
-def main() -> int:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # this demo binds loopback only
-    from pyspark.sql import SparkSession
-
-    with tempfile.TemporaryDirectory(prefix="dstl-quickstart-") as tmp:
-        work = Path(tmp)
-        write_clicks(work / "in")
-        with ServerProcess(work / "sidecar") as sidecar:
-            spark = (
-                SparkSession.builder.master("local[2]")
-                .config("spark.ui.enabled", "false")
-                .config("spark.ui.showConsoleProgress", "false")
-                .config("spark.sql.shuffle.partitions", "2")
-                .config("spark.sql.session.timeZone", "UTC")
-                .getOrCreate()
-            )
-            spark.sparkContext.setLogLevel("ERROR")
-            try:
-                clicks = (
-                    spark.readStream.schema("user string, ts timestamp")
-                    .option("maxFilesPerTrigger", 1)
-                    .json(str(work / "in"))
-                )
-                query = (
-                    transform_batches(
-                        clicks,
-                        key="user",
-                        fn=clicks_per_user,
-                        state_schema="n long, last long",
-                        output_schema="user string, event string, count long",
-                        time_mode="EventTime",
-                        event_time_column="ts",
-                        watermark_delay="10 seconds",
-                        parallelism=2,
-                        dstl_address=sidecar.address,
-                        state_dir=str(work / "state"),
-                    )
-                    .writeStream.format("parquet")
-                    .option("checkpointLocation", str(work / "checkpoint"))
-                    .start(str(work / "out"))
-                )
-                try:
-                    query.wait_for_batch(len(CLICKS) - 1, timeout_s=180)
-                finally:
-                    query.stop()
-                rows = (
-                    spark.read.parquet(str(work / "out"))
-                    .orderBy("user", "event", "count")
-                    .collect()
-                )
-                print(f"{len(CLICKS)} micro-batches, each one a checkpoint on dstl; output:")
-                for r in rows:
-                    print(f"  {r.user:<4} {r.event:<7} {r['count']}")
-            finally:
-                spark.stop()
-    return 0
+def start(clicks: Any, sidecar: ServerProcess, work: Path) -> Any:
+    """The streaming query of ``clicks_per_user`` over ``clicks``, its output in ``work/out``."""
+    return (
+        transform_batches(
+            clicks,
+            key="user",
+            fn=clicks_per_user,
+            state_schema="n long, last long",
+            output_schema="user string, event string, count long",
+            time_mode="EventTime",
+            event_time_column="ts",
+            watermark_delay="10 seconds",
+            parallelism=2,
+            dstl_address=sidecar.address,
+            state_dir=str(work / "state"),
+        )
+        .writeStream.format("parquet")
+        .option("checkpointLocation", str(work / "checkpoint"))
+        .start(str(work / "out"))
+    )
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(start))  # the processor quick start's run, this query
