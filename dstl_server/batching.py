@@ -18,9 +18,12 @@ from collections.abc import Callable, Sequence
 from dstl_client.core.errors import DstlError, ShuttingDown, UploadFailed
 from dstl_client.core.format import BuiltObject, EncodedSection, build_object
 from dstl_client.core.handle import HandleEntry
+from dstl_server.flush_round import FORGET_AFTER_MISSES as FORGET_AFTER_MISSES  # re-exported
+from dstl_server.flush_round import RoundMembers
 from dstl_server.forwarder import ForwardedSection, ParentForwarder
 from dstl_server.metrics import ServerMetrics
-from dstl_server.upload_task import UploadTask
+from dstl_server.upload_clock import Sleep
+from dstl_server.upload_task import UploadingWriter, UploadTask
 from dstl_server.uploader import Uploader
 
 #: the upload lifecycle's logger (its name from before the queue had a module of its own)
@@ -90,6 +93,8 @@ class BatchingScheduler:
         bulk_slots: asyncio.Semaphore | None = None,
         open_writers: Callable[[], int],
         forwarder: ParentForwarder | None = None,
+        max_wait_s: float = 0.0,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.job_id = job_id
         self.forwarder = forwarder
@@ -102,12 +107,19 @@ class BatchingScheduler:
         self._open_writers = open_writers
         self._queue: list[Queued] = []
         self._queued_bytes = 0
+        self.max_wait_s = max_wait_s
+        self._sleep = sleep
+        #: writers with a persist in the queue now, children whose batch is in it
         self._persisting: set[str] = set()
-        #: children known to forward for this job (-> delayed flushes in a row
-        #: without them), and those in the queue now
-        self._children: dict[str, int] = {}
         self._arrived: set[str] = set()
-        self._timer: asyncio.TimerHandle | None = None
+        #: who takes part in the job's rounds, and who still owes the current one
+        self._round = RoundMembers(
+            max_writers=MAX_TRACKED_WRITERS, max_children=MAX_TRACKED_CHILDREN
+        )
+        #: the queue's timer: the delay, then possibly the wait for the round
+        self._timer: asyncio.Task[None] | None = None
+        #: the timer passed the delay and waits for the members still owing
+        self._extended = False
         self._running: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -135,47 +147,74 @@ class BatchingScheduler:
             self._queued_bytes += nbytes
             if isinstance(task, UploadTask) and not task.preemptive:
                 self._persisting.add(task.log.log_id)
+                self._round.writer_arrives(task.log.log_id, task.log)
                 # a persist's small section is encoded now, in its call, while the
                 # flush waits for the others; not a pre-emptive one (pressure relief
                 # starts many at once) nor once the next object is large anyway
                 if nbytes <= _EARLY_ENCODE_BYTES and self._queued_bytes <= _INLINE_BUILD_BYTES:
                     with contextlib.suppress(Exception):  # a failure shows at the flush
                         task.encode()
-        if sender and (sender in self._children or len(self._children) < MAX_TRACKED_CHILDREN):
-            self._children[sender] = 0
-            self._arrived.add(sender)
+        if sender:
+            self._round.child_arrives(sender)
+            if sender in self._round.children:
+                self._arrived.add(sender)
+        self._schedule()
+
+    def persist_queued(self, writer: UploadingWriter) -> None:
+        """``writer`` persisted and its persist started no task (nothing new, or
+        its changes already in a queued or running upload): it waits for the
+        flush like a writer whose task is queued, and it has paid its round."""
+        if self._closed:
+            return
+        self._round.writer_arrives(writer.log_id, writer)
+        if self._queue:  # it waits for this flush: it counts among those in
+            self._persisting.add(writer.log_id)
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """After an arrival: flush now, or arm the timer."""
         if self.persist_delay_s <= 0:
             self.flush("immediate")
         elif self._queued_bytes >= self.size_threshold:
             self.flush("size")
         elif self._all_in():
             self.flush("all_waiting")
+        elif self._extended and not self._round.missing():
+            self.flush("round")
         elif self._timer is None:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self.persist_delay_s, self.flush, "delay")
+            self._timer = asyncio.get_running_loop().create_task(self._timed_flush())
 
     def _all_in(self) -> bool:
         """Every open writer of the job persisting and every known child arrived."""
         if not self._persisting and not self._arrived:
             return False  # only pre-emptive uploads or unnamed children queued
         return len(self._persisting) >= self._open_writers() and self._arrived.issuperset(
-            self._children
+            self._round.children
         )
+
+    async def _timed_flush(self) -> None:
+        """The queue's timer: flush at the persist delay, unless members of the
+        round still owe their persist; then at the round's last arrival
+        (:meth:`_schedule`) or at ``max_wait_s`` after the first task."""
+        await self._sleep(self.persist_delay_s)
+        trigger = "delay"
+        if self.max_wait_s > self.persist_delay_s and self._round.missing():
+            self._extended = True
+            await self._sleep(self.max_wait_s - self.persist_delay_s)
+            trigger = "max_wait"
+        self._timer = None  # this task ends here: flush must not cancel it
+        self.flush(trigger)
 
     def flush(self, trigger: str) -> None:
         """Take every queued task into one object and start its upload."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._extended = False
         if not self._queue:
             return
-        if trigger == "delay":  # whoever kept the flush waiting: forgotten if it keeps doing so
-            for child in [c for c in self._children if c not in self._arrived]:
-                misses = self._children[child] + 1
-                if misses >= FORGET_AFTER_MISSES:
-                    del self._children[child]
-                else:
-                    self._children[child] = misses
+        if trigger in ("delay", "max_wait"):  # whoever kept it waiting: forgotten if it keeps on
+            self._round.waited()
         tasks, self._queue = self._queue, []
         self._queued_bytes = 0
         self._persisting.clear()
@@ -271,8 +310,9 @@ class BatchingScheduler:
 
 #: children a job's scheduler waits for at most; more still forward, unwaited for
 MAX_TRACKED_CHILDREN = 256
-#: delayed flushes in a row without a known child after which it is no longer waited for
-FORGET_AFTER_MISSES = 2
+#: writers a job's scheduler waits for past the delay at most (the registry
+#: bounds a job's open writers by ``max_writers_per_job``, 1024 by default)
+MAX_TRACKED_WRITERS = 4096
 #: longest ForwardRequest.sender accepted
 MAX_SENDER_CHARS = 64
 

@@ -238,6 +238,8 @@ class WriterLog:
         new = self.take_not_uploaded(after)
         if new:
             uploads.start(self, new, preemptive=False)
+        else:
+            uploads.persist_queued(self)
         return PendingPersist(self, after, to_sqn, self.sections_from(after), started)
 
     async def await_handle(self, pending: PendingPersist) -> ChangelogHandle:

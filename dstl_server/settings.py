@@ -91,6 +91,14 @@ class ServerSettings:
     persist_delay_ms: float = _setting(
         10.0, "Wait after the first persist request before uploading, to batch writers.", unit="ms"
     )
+    persist_max_wait_ms: float = _setting(
+        40.0,
+        "Past persist_delay_ms, keep waiting while writers (or child nodes) that persisted in "
+        "the job's previous round have not persisted in this one, uploading when the last "
+        "arrives but at most this long after the first request; at or below persist_delay_ms, "
+        "never wait past the delay.",
+        unit="ms",
+    )
     batch_size_threshold: int = _setting(
         10 * MiB, "Upload at once when this many bytes wait for one job.", unit="bytes"
     )
@@ -355,7 +363,7 @@ class ServerSettings:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise bad(f.name, "must be a finite number")
-        for name in ("persist_delay_ms", "upload_retry_base_delay_ms"):
+        for name in ("persist_delay_ms", "persist_max_wait_ms", "upload_retry_base_delay_ms"):
             if getattr(self, name) < 0:
                 raise bad(name, "must be >= 0")
         for name in (

@@ -69,6 +69,7 @@ class Uploads:
             sch = BatchingScheduler(
                 job_id,
                 persist_delay_s=s.persist_delay_ms / 1000.0,
+                max_wait_s=s.persist_max_wait_ms / 1000.0,
                 size_threshold=s.batch_size_threshold,
                 uploader=self.uploader,
                 upload_slots=self._slots,
@@ -97,6 +98,11 @@ class Uploads:
             self.metrics.preemptive_uploads.inc()
         self._scheduler(writer.job_id).submit(task)
         return task
+
+    def persist_queued(self, writer: UploadingWriter) -> None:
+        """A persist of ``writer`` that started no upload (nothing new since its
+        last one): it still counts as arrived in its job's round."""
+        self._scheduler(writer.job_id).persist_queued(writer)
 
     async def accept_forwarded(
         self, job_id: str, sections: list[bytes], *, sender: str = ""

@@ -10,6 +10,7 @@ from dstl_client.core.handle import HandleEntry
 from dstl_server.batching import BatchingScheduler
 from dstl_server.log import WriterLog
 from dstl_server.metrics import ServerMetrics
+from dstl_server.upload_clock import Sleep
 from dstl_server.upload_task import UploadTask
 from tests.fakes import MemoryUploader
 
@@ -34,10 +35,15 @@ def scheduler(
     slots: asyncio.Semaphore | None = None,
     metrics: ServerMetrics | None = None,
     job: str = "job",
+    max_wait_s: float = 0.0,
+    sleep: Sleep = asyncio.sleep,
 ) -> BatchingScheduler:
+    """A scheduler of ``job``; by default it never waits past the delay (``max_wait_s`` 0)."""
     return BatchingScheduler(
         job,
         persist_delay_s=delay_s,
+        max_wait_s=max_wait_s,
+        sleep=sleep,
         size_threshold=threshold,
         uploader=up,
         upload_slots=slots or asyncio.Semaphore(4),
