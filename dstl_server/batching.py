@@ -50,19 +50,40 @@ class BatchingScheduler:
     """Collects upload tasks of one job and flushes them into single objects.
 
     A flush takes every queued task and turns it into one object with one log
-    section per task. It fires when (a) ``persist_delay_s`` has passed since
-    the first task was queued, (b) queued bytes reach ``size_threshold``, or
-    (c) everyone taking part in the job's flushes is in: every open writer
-    of the job has a persist task queued and every child node known to
-    forward for the job has forwarded (a parent thus waits for its
-    children's batches instead of uploading its own without them, and a
-    batch of the children leaves as soon as the last one arrives rather
-    than after a persist delay per level). A child becomes known when it
-    forwards and is forgotten after ``FORGET_AFTER_MISSES`` flushes in a
-    row that had to wait for the delay without it (it stopped forwarding,
-    or fell back to uploading itself), so a departed child costs at most
-    that many delayed flushes, while a child that was on time is not
-    forgotten because one delayed flush held only a straggler's section;
+    section per task. It fires (trigger in ``dstl_flushes_total``) when
+
+    * ``all_waiting``: everyone taking part is in: every open writer of the
+      job has a persist queued (a persist that started no task, nothing new
+      to upload, counts: :meth:`persist_queued`) and every child node known
+      to forward for the job has forwarded (a parent thus waits for its
+      children's batches instead of uploading its own without them, and a
+      batch of the children leaves as soon as the last one arrives rather
+      than after a persist delay per level);
+    * ``size``: queued bytes reach ``size_threshold``;
+    * ``delay``: ``persist_delay_s`` has passed since the first task was
+      queued and no member of the round still owes its persist;
+    * ``round``: past the delay, the last member that owed its persist
+      arrived (open writers that never persist are not members);
+    * ``max_wait``: ``max_wait_s`` has passed since the first task, members
+      still owing (at or below the delay: no wait past it).
+
+    "The round": persists do not reach the sidecar at once (64 writers' are
+    spread over 17-22 ms on two busy cores, more than the 10 ms delay), so
+    a fixed delay split a round into two objects. The members
+    (:class:`~dstl_server.flush_round.RoundMembers`) are the writers and
+    children that persisted or forwarded before; when one of them persists
+    again, a round begins and every other member owes its persist, which the
+    flush waits for past the delay (bounded by ``max_wait_s``). A member
+    late past the maximum wait pays into the round that left without it (its
+    late persist leaves at the delay, not waiting for the next round), one
+    that still owed at ``FORGET_AFTER_MISSES`` timed flushes in a row (it
+    stopped persisting or forwarding, or a child fell back to uploading
+    itself) is forgotten, and a closed writer is dropped, so a departed
+    member costs at most that many waits; newcomers are waited for from
+    their second round. The wait past the delay costs nothing when every
+    open writer persists: ``all_waiting`` leaves with the last of them, as
+    before; 1 or 8 writers within the delay flush exactly as before.
+    At most ``MAX_TRACKED_WRITERS`` writers and
     at most ``MAX_TRACKED_CHILDREN`` are known per job. Flushed
     objects are uploaded concurrently, at most ``upload_slots`` at a time
     (shared by every job on the node). A flush that holds a persist's small
