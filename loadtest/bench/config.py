@@ -17,8 +17,9 @@ TARGET_ADDED_P50_MS = 5.0
 TARGET_ADDED_P99_MS = 20.0
 #: server CPU per persist with TARGET_WRITERS writers (its append, persist and upload share)
 TARGET_CPU_US_PER_PERSIST = 300.0
-#: flushes per checkpoint round with TARGET_WRITERS writers
-TARGET_FLUSHES_PER_ROUND = 1.0
+#: flushes per checkpoint round with TARGET_WRITERS writers, at most (a round whose
+#: persists spread over more than the server's persist_max_wait_ms leaves in two objects)
+TARGET_FLUSHES_PER_ROUND = 1.1
 TARGET_WRITERS = 64
 #: RSS counts as flat when the second half of a run peaks at most this much above the first
 FLAT_RSS_FACTOR = 1.10
