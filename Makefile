@@ -56,15 +56,21 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(PY) tools/gen_proto.py --check
 
+# Test files run in parallel worker processes (pytest-xdist), all the tests of one file in
+# one worker: most of a test's time is spent waiting on Spark, SeaweedFS and sidecar
+# processes, so two workers fill the two cores of CI. `make pytest PYTEST_WORKERS=0`: serial.
+PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 pytest: $(STAMP)
-	$(PY) -m pytest -q -ra --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra --durations=30 $(XDIST) $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 
 # The inner loop: lint, types and every test not marked slow, spark or s3: no JVM, no
 # SeaweedFS (under 3 minutes on 2 cores). `make test` (all of it) is the CI command.
 test-fast: lint typecheck
-	$(PY) -m pytest -q -ra -m "not slow and not spark and not s3" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra -m "not slow and not spark and not s3" $(XDIST) $(PYTEST_ARGS)
 
 # All benchmarks with their defaults (tens of minutes); the targets below take BENCH_ARGS.
 bench: $(BENCH_STAMP)
