@@ -106,7 +106,7 @@ def build_store(directory: Path, kg_range: tuple[int, int], keys: int, value_byt
 
 
 def upload_store(
-    directory: str, kg_range: tuple[int, int], address: str, profile: str = ""
+    directory: str, kg_range: tuple[int, int], address: str, profile: str = "", read_ahead: int = -1
 ) -> Upload:
     """Upload every key group of the store at ``directory`` as one part (a subtask's process)."""
     import cProfile
@@ -125,7 +125,10 @@ def upload_store(
         writer = client.create_writer(job_id=JOB_ID, operator_id="mat", key_group_range=kg_range)
         try:
             kgs = list(range(kg_range[0], kg_range[1] + 1))
-            done = upload_snapshot(reader, writer, kgs, 600.0)
+            if read_ahead < 0:  # the default
+                done = upload_snapshot(reader, writer, kgs, 600.0)
+            else:
+                done = upload_snapshot(reader, writer, kgs, 600.0, read_ahead=read_ahead)
         finally:
             writer.close()
         if prof is not None:
@@ -156,7 +159,13 @@ def _cpu_s(pid: int) -> float:
 
 
 def run(
-    keys: int, value_bytes: int, subtasks: int, rounds: int, work: Path, profile: Path | None
+    keys: int,
+    value_bytes: int,
+    subtasks: int,
+    rounds: int,
+    work: Path,
+    profile: Path | None,
+    read_ahead: int = -1,
 ) -> list[Round]:
     from dstl_server.testing import ServerProcess
     from dstl_server.testing_s3 import SeaweedS3
@@ -188,7 +197,12 @@ def run(
             side0, store0 = _cpu_s(sidecar.proc.pid), _cpu_s(s3.proc.pid)
             futures = [
                 pool.submit(
-                    upload_store, str(work / f"store-{i}"), r, sidecar.address, prof if i else ""
+                    upload_store,
+                    str(work / f"store-{i}"),
+                    r,
+                    sidecar.address,
+                    prof if i else "",
+                    read_ahead,
                 )
                 for i, r in enumerate(ranges)
             ]
@@ -214,6 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--value-bytes", type=int, default=100, help="bytes per value (100)")
     parser.add_argument("--subtasks", type=int, default=2, help="subtasks uploading at once (2)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds (4)")
+    parser.add_argument(
+        "--read-ahead", type=int, default=-1, help="upload_snapshot's read_ahead (its default)"
+    )
     parser.add_argument("--profile", type=Path, default=None, help="write cProfiles into DIR")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: temp)")
     ns = parser.parse_args(argv)
@@ -228,7 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             work = ns.dir
             work.mkdir(parents=True, exist_ok=True)
-        rounds = run(ns.keys, ns.value_bytes, ns.subtasks, ns.rounds, work, ns.profile)
+        rounds = run(
+            ns.keys, ns.value_bytes, ns.subtasks, ns.rounds, work, ns.profile, ns.read_ahead
+        )
     best = max(rounds, key=lambda r: r.mb_s)
     goal = goal_mb_s()
     together = [r.ms_per_mb(sum(u.cpu_s for u in r.uploads) + r.sidecar_cpu_s) for r in rounds]
