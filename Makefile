@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 DEMO_STAMP := $(VENV)/.installed-demo
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: all venv java-check demo demo-core test test-fast lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster bench-chaos bench-bounded bench-api bench-recovery clean dist image-test
+.PHONY: all venv java-check demo demo-core test test-fast lint typecheck pytest proto proto-check bench bench-core bench-hedging bench-spark bench-fuzz bench-tree bench-cluster bench-chaos bench-bounded bench-api bench-recovery bench-mat clean dist image-test
 
 all: test
 
@@ -120,6 +120,9 @@ bench-api: $(BENCH_STAMP)
 # restore from a materialization + changelog tail vs a full snapshot vs Spark's RocksDB store
 bench-recovery: $(BENCH_STAMP)
 	$(PY) -m loadtest.recovery_bench $(BENCH_ARGS)
+
+bench-mat: $(BENCH_STAMP)
+	$(PY) -m loadtest.mat_bench $(BENCH_ARGS)
 
 # sdist and wheel in dist/ (offline: setuptools and wheel of the dev extra), checked by
 # twine; the Helm chart packaged into dist/helm with Helm's SDK (the dev extra's

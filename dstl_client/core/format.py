@@ -62,6 +62,11 @@ def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
     return int(_crc32c.crc32c(data, crc))
 
 
+#: a key-group block whose pieces (changeset heads, sizes, payloads) average at
+#: least this many bytes has its CRC chained over them (no copy of the block);
+#: a block of smaller pieces is joined for one CRC call (fewer Python calls)
+CHAIN_CRC_PIECE_BYTES = 4096
+
 #: most ``KeyGroupChanges`` parts one Append or PersistDurably request may carry:
 #: the sidecar's work per request stays bounded (clients send their buffer
 #: before it holds more key groups than this)
@@ -193,9 +198,11 @@ def encode_log_section(
     pack_head = _CHANGESET.pack
     crc_of = _crc32c.crc32c
     for kg in kgs:
-        # one CRC call per key-group block rather than three per part (the same
-        # CRC as chaining it over the pieces), over a copy of the block dropped
-        # at once: the section keeps referring to the parts' own bytes
+        # the block's CRC: chained over its pieces when they are large (a
+        # materialization's parts: no copy of the block), else one call over a
+        # copy of the block dropped at once (many small parts: one CRC call
+        # rather than three per part); the same CRC either way, and the section
+        # keeps referring to the parts' own bytes
         piece: list[bytes | memoryview] = []
         for cs in by_kg[kg]:
             parts = cs.groups[kg]
@@ -208,10 +215,14 @@ def encode_log_section(
                 piece.append(pack_head(cs.sqn, count, payload_len))
                 piece.extend(p.sizes for p in parts)
                 piece.extend(p.payload for p in parts)
-        block = b"".join(piece)
-        crc = crc_of(block)
-        length = len(block) + 4
-        del block
+        length = sum(map(len, piece))
+        if length >= CHAIN_CRC_PIECE_BYTES * len(piece):
+            crc = 0
+            for chunk in piece:
+                crc = crc_of(chunk, crc)
+        else:
+            crc = crc_of(b"".join(piece))
+        length += 4
         piece.append(_U32.pack(crc))
         blocks.append((kg, offset, length, piece))
         offset += length

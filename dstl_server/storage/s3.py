@@ -8,9 +8,13 @@ Invariants:
   object's ``LastModified``, whole seconds on some servers). Keys
   come from :mod:`dstl_client.core.keys` (per job, then a 2-hex hash), so requests
   spread over many S3 key prefixes.
-* ``put`` is one PutObject with a CRC32 checksum: S3 stores the whole object
-  or nothing, and rejects a body damaged in transit (``BadDigest``). Over TLS
-  botocore sends the checksum as an aws-chunked trailer.
+* ``put`` is one PutObject with the body's CRC32C in the
+  ``x-amz-checksum-crc32c`` header: S3 stores the whole object or nothing, and
+  rejects a body damaged in transit (``BadDigest``). The CRC32C is computed
+  here, with the same hardware CRC32C as the object format's own checksums
+  (in a worker thread past :data:`INLINE_CRC_BYTES`, off the event loop), so
+  botocore computes no checksum of its own (CRC32 in zlib, read back from a
+  copy), and the body reaches the socket without a copy (:class:`PutBody`).
 * botocore's own retries are off (one HTTP attempt per call): the sidecar's
   uploader owns retries and hedging and needs to see every failure at once.
   Errors are mapped to :class:`~dstl_client.core.errors.StorageError` subclasses:
@@ -39,6 +43,7 @@ store cannot be used after it.
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import contextlib
 from collections.abc import AsyncIterator, Sequence
@@ -57,6 +62,7 @@ from dstl_client.core.errors import (
     StorageError,
     TransientStorageError,
 )
+from dstl_client.core.format import crc32c
 from dstl_client.core.s3_errors import NOT_FOUND_CODES, TRANSIENT_CODES
 from dstl_server.storage.base import BlobInfo, BlobStore, validate_key
 from dstl_server.storage.s3_errors import map_s3_error
@@ -69,6 +75,46 @@ __all__ = ["S3BlobStore", "map_s3_error"]
 
 #: DeleteObjects takes at most this many keys per request
 DELETE_BATCH = 1000
+#: a body of at most this size has its CRC32C computed on the event loop (well
+#: under 100 us); a larger one in a worker thread (the CRC releases the GIL)
+INLINE_CRC_BYTES = 256 * 1024
+
+
+class PutBody:
+    """A put's body: the object's bytes, written to the connection as they are.
+
+    botocore wraps a ``bytes`` body in a ``BytesIO``, which aiohttp copies
+    and reads back in 64 KiB pieces (and it warns about a large ``bytes``
+    body); this one is an async iterable of the one ``bytes`` object, which
+    aiohttp writes whole, as the Content-Length botocore sends says. ``read``
+    and ``len`` are what botocore's checks of a body look at (a body with
+    ``read`` is sent after ``Expect: 100-continue``, as the ``BytesIO`` was).
+    Immutable; each iteration (each attempt) yields the bytes again.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def read(self, size: int = -1) -> bytes:
+        """The whole body (nothing in dstl reads it this way)."""
+        return self.data
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.data
+
+
+async def checksum_crc32c(data: bytes) -> str:
+    """``data``'s CRC32C as S3 takes it: base64 of the big-endian 4 bytes."""
+    if len(data) <= INLINE_CRC_BYTES:
+        crc = crc32c(data)
+    else:
+        crc = await asyncio.to_thread(crc32c, data)
+    return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
 
 
 class S3BlobStore(BlobStore):
@@ -131,12 +177,13 @@ class S3BlobStore(BlobStore):
             s3={
                 "addressing_style": "path" if endpoint_url else "auto",
                 # no SHA-256 of the body in the signature, also over plain HTTP: the
-                # CRC32 checksum already protects it (S3 rejects a damaged body) and
+                # CRC32C checksum already protects it (S3 rejects a damaged body) and
                 # every section carries its own CRC; hashing cost 15 % of the
                 # sidecar's CPU in a materialization
                 "payload_signing_enabled": False,
             },
-            request_checksum_calculation="when_supported",
+            # put sends its own CRC32C; no other call carries a body to checksum
+            request_checksum_calculation="when_required",
             response_checksum_validation="when_supported",
             tcp_keepalive=True,
         )
@@ -215,14 +262,15 @@ class S3BlobStore(BlobStore):
     async def put(self, key: str, data: bytes) -> None:
         full = self._full(key)
         client = await self._get_client()
+        checksum = await checksum_crc32c(data)
         try:
             await client.put_object(
                 Bucket=self.bucket,
                 Key=full,
-                Body=data,
+                Body=PutBody(data),
                 ContentLength=len(data),
                 ContentType="application/octet-stream",
-                ChecksumAlgorithm="CRC32",
+                ChecksumCRC32C=checksum,
             )
         except Exception as exc:
             raise map_s3_error(exc, f"put {self._where(key)}") from exc

@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest.mat_bench import goal_mb_s
+
 DEFAULT_REPORT_DIR = Path(__file__).resolve().parents[1] / "reports"
 
 #: goal: restore with the longest changelog tail at most this many times the full snapshot's
 GOAL_TAIL_RATIO = 1.2
-#: goal: materialization through one node, MB/s (10^6 bytes of stored object per second)
-GOAL_MAT_MB_S = 200.0
+#: goal: materialization through one node, MB/s (10^6 bytes of stored object per second):
+#: this machine's, as ``make bench-mat`` judges it (150 on 2 cores, 200 on 16)
+GOAL_MAT_MB_S = goal_mb_s()
 #: the sizes the issue asks for (run them with --keys)
 ISSUE_KEYS = (1_000_000, 10_000_000)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Mapping, Sequence
 
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dstl_client.core import format as format_module
 from dstl_client.core.errors import CorruptObject
 from dstl_client.core.format import (
     FORMAT_VERSION,
@@ -435,3 +437,25 @@ def test_a_split_changeset_keeps_its_changes_in_order_within_the_limit(
         assert piece.count >= 1 or len(pieces) == 1
     if view.nbytes <= max_bytes:
         assert pieces == [view]
+
+
+def test_block_crc_chained_over_large_pieces_equals_the_crc_of_the_joined_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A block of large pieces (a materialization's parts) has its CRC chained over them,
+    a block of small ones over a joined copy: the same bytes either way, and valid."""
+    large = [os.urandom(70_000), os.urandom(5_000)]
+    cs = [
+        Changeset(4, {3: [pack_changes(large), pack_changes([os.urandom(9_000)])]}),
+        Changeset(5, {3: [pack_changes([b"s"])], 7: [pack_changes([b"x", b"yz"])]}),
+    ]
+    chained = build_object([encode_log_section(LOG_A, cs, 6)]).data
+    monkeypatch.setattr(format_module, "CHAIN_CRC_PIECE_BYTES", 1 << 40)  # join every block
+    joined = build_object([encode_log_section(LOG_A, cs, 6)]).data
+    assert chained == joined
+    verify_object(chained)
+    assert decode_object(chained)[LOG_A] == {
+        (3, 4): [*large, cs[0].groups[3][1].payload],
+        (3, 5): [b"s"],
+        (7, 5): [b"x", b"yz"],
+    }

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dstl_client.client import REQUEST_MARGIN_BYTES, ChangelogClient
+from dstl_client.core.errors import KeyGroupOutOfRange
 from dstl_client.keygroups import KeyGroupRange
 from dstl_client.state import snapshot_upload
 from dstl_client.state.changes import encode_put, pack_puts
@@ -112,3 +115,62 @@ def test_upload_of_empty_key_groups_persists_nothing(
         reader.close()
         writer.close()
     assert done == snapshot_upload.UploadedSnapshot(None, (), (1, 2))
+
+
+def _rows_of(kgs: range) -> dict[int, dict[bytes, bytes]]:
+    return {kg: {f"k{i:03d}".encode(): bytes([kg]) * i for i in range(40)} for kg in kgs}
+
+
+@pytest.mark.parametrize("read_ahead", [0, 1, 3])
+def test_read_ahead_gives_the_same_part(
+    client: ChangelogClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_ahead: int
+) -> None:
+    monkeypatch.setattr(snapshot_upload, "READ_ROWS", 3)  # many batches per key group
+    rows = _rows_of(range(0, 16, 2))
+    with _store(tmp_path / "s", rows) as store:
+        reader = store.snapshot_reader()
+        writer = client.create_writer(job_id="snap", operator_id="op", key_group_range=(0, 15))
+        try:
+            done = upload_snapshot(reader, writer, list(range(16)), 30, read_ahead=read_ahead)
+        finally:
+            reader.close()
+            writer.close()
+    assert done.uploaded == tuple(range(0, 16, 2))
+    assert done.cleared == tuple(range(1, 16, 2))
+    assert done.part is not None
+    got: dict[int, list[bytes]] = {}
+    for kg, _sqn, data in client.read_changes(done.part):
+        got.setdefault(kg, []).append(data)
+    assert got == {kg: [encode_put(k, v) for k, v in sorted(kv.items())] for kg, kv in rows.items()}
+
+
+def _reading_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "dstl-snapshot-read"]
+
+
+def test_a_failed_append_stops_the_read_ahead(client: ChangelogClient, tmp_path: Path) -> None:
+    """The appends fail at key group 8 (outside the writer's range) while the reading
+    thread is ahead, blocked on a full queue: it stops, and nothing reads any more."""
+    with _store(tmp_path / "s", _rows_of(range(16))) as store:
+        reader = store.snapshot_reader()
+        writer = client.create_writer(job_id="snap", operator_id="op", key_group_range=(0, 7))
+        try:
+            with pytest.raises(KeyGroupOutOfRange):
+                upload_snapshot(reader, writer, list(range(16)), 30, read_ahead=1)
+            assert not _reading_threads()
+        finally:
+            reader.close()
+            writer.close()
+
+
+def test_an_error_reading_the_snapshot_reaches_the_caller(
+    client: ChangelogClient, tmp_path: Path
+) -> None:
+    with _store(tmp_path / "s", _rows_of(range(4))) as store:
+        reader = store.snapshot_reader()
+        reader.close()  # every read fails
+        writer = client.create_writer(job_id="snap", operator_id="op", key_group_range=(0, 15))
+        with pytest.raises(sqlite3.ProgrammingError):
+            upload_snapshot(reader, writer, [0, 1], 30)
+        assert not _reading_threads()
+        writer.close()

@@ -9,6 +9,7 @@ persisting through S3.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import socket
@@ -36,10 +37,18 @@ from dstl_client.core.errors import (
     StorageError,
     TransientStorageError,
 )
+from dstl_client.core.format import crc32c
 from dstl_server.settings import ServerSettings
 from dstl_server.storage import open_store
+from dstl_server.storage import s3 as s3_module
 from dstl_server.storage.base import BlobInfo, BlobStore
-from dstl_server.storage.s3 import DELETE_BATCH, S3BlobStore, map_s3_error
+from dstl_server.storage.s3 import (
+    DELETE_BATCH,
+    INLINE_CRC_BYTES,
+    PutBody,
+    S3BlobStore,
+    map_s3_error,
+)
 from dstl_server.testing import ServerProcess
 from dstl_server.testing_s3 import SeaweedS3, SeaweedStartError, WeedNotFound, find_weed
 from tests.dstl_server.storage.contract import BlobStoreContract
@@ -84,11 +93,12 @@ async def test_keys_live_under_the_prefix(weed_s3: SeaweedS3, s3_store: S3BlobSt
     try:
         head = client.head_object(Bucket=weed_s3.bucket, Key=f"{s3_store.prefix}/job/ab/obj.dstl")
         assert head["ContentLength"] == 7
-        # the stored object carries the CRC32 the store sent
+        # the stored object carries the CRC32C the store sent
         attrs = client.get_object(
             Bucket=weed_s3.bucket, Key=f"{s3_store.prefix}/job/ab/obj.dstl", ChecksumMode="ENABLED"
         )
-        assert attrs.get("ChecksumCRC32")
+        crc = base64.b64encode(crc32c(b"payload").to_bytes(4, "big")).decode()
+        assert attrs.get("ChecksumCRC32C") == crc
     finally:
         client.close()
     assert [(i.key, i.size) for i in await _listed(s3_store)] == [("job/ab/obj.dstl", 7)]
@@ -97,37 +107,57 @@ async def test_keys_live_under_the_prefix(weed_s3: SeaweedS3, s3_store: S3BlobSt
 
 @pytest.mark.parametrize("mode", ["http", "tls"])
 @pytest.mark.asyncio
-async def test_put_sends_crc32_as_header_or_aws_chunked_trailer(
+async def test_put_sends_its_crc32c_as_a_header_and_the_body_as_is(
     request: pytest.FixtureRequest, s3_prefix: str, mode: str
 ) -> None:
-    """Over TLS the checksum travels as an aws-chunked trailer (the path real S3 sees)."""
+    """One checksum, the CRC32C put computed, in a header (also over TLS: no aws-chunked
+    trailer); botocore adds none of its own, and the body reaches aiohttp as the object's
+    own bytes (no BytesIO copy). The server keeps the checksum."""
     s3: SeaweedS3 = request.getfixturevalue("weed_s3" if mode == "http" else "weed_s3_tls")
-    sent: list[dict[str, str]] = []
+    sent: list[tuple[dict[str, str], object]] = []
 
     def capture(request: Any, **_: object) -> None:
-        sent.append(
-            {
-                k.lower(): v.decode() if isinstance(v, bytes) else v
-                for k, v in request.headers.items()
-            }
-        )
+        headers = {
+            k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()
+        }
+        sent.append((headers, request.body))
 
     store = store_for(s3, s3_prefix)
     async with store:
         await store.put("warm-up", b"x")  # the client exists from here on
         store._client.meta.events.register("before-send.s3.PutObject", capture)
-        data = os.urandom(3000)
+        data = os.urandom(INLINE_CRC_BYTES + 3000)  # its CRC32C in a worker thread
         await store.put("k", data)
         assert await store.get("k") == data
-    (headers,) = sent
-    assert headers["x-amz-sdk-checksum-algorithm"] == "CRC32"
-    if mode == "http":
-        assert headers["x-amz-checksum-crc32"]
-        assert "x-amz-trailer" not in headers
-    else:
-        assert headers["content-encoding"] == "aws-chunked"
-        assert headers["x-amz-trailer"] == "x-amz-checksum-crc32"
-        assert headers["x-amz-decoded-content-length"] == "3000"
+        head = await store._client.head_object(
+            Bucket=s3.bucket, Key=f"{s3_prefix}/k", ChecksumMode="ENABLED"
+        )
+    ((headers, body),) = sent
+    want = base64.b64encode(crc32c(data).to_bytes(4, "big")).decode()
+    assert headers["x-amz-checksum-crc32c"] == want == head["ChecksumCRC32C"]
+    assert not {h for h in headers if h.startswith("x-amz-checksum-")} - {"x-amz-checksum-crc32c"}
+    assert "x-amz-trailer" not in headers and "content-encoding" not in headers
+    assert headers["content-length"] == str(len(data))
+    assert isinstance(body, PutBody) and body.data is data
+
+
+@pytest.mark.asyncio
+async def test_a_body_that_does_not_match_its_crc32c_is_refused(
+    s3_store: S3BlobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server checks the CRC32C header: a body that does not match it (as one damaged
+    on the way) fails with BadDigest, a transient error the uploader retries, and leaves
+    no object."""
+    data = os.urandom(5000)
+
+    async def wrong(body: bytes) -> str:
+        return base64.b64encode((crc32c(body) ^ 1).to_bytes(4, "big")).decode()
+
+    monkeypatch.setattr(s3_module, "checksum_crc32c", wrong)
+    with pytest.raises(TransientStorageError, match="BadDigest"):
+        await s3_store.put("damaged", data)
+    with pytest.raises(BlobNotFound):
+        await s3_store.get("damaged")
 
 
 @pytest.mark.asyncio
