@@ -217,10 +217,13 @@ def test_two_keyed_operators_of_one_job_keep_each_others_objects(
     for batch in range(4):
         assert runner(a, 2, client).run_batch(batch, BATCHES[batch]) is not None
         assert runner(b, 1, client).run_batch(batch, BATCHES[batch + 1]) is not None
-    # each restart sweeps with no grace: the other operator's objects are referenced
+    kept = referenced(a) | referenced(b)
+    # each restart sweeps with no grace: the other operator's objects are referenced, so
+    # only objects no record of either uses may go (an upload retried on a loaded machine
+    # can leave one behind: that is an orphan, rightly swept)
     a, b = start("keyed"), start("other")
-    assert a.orphans_removed == 0 and b.orphans_removed == 0
-    assert stored(objects_dir, "two-ops") == referenced(a) | referenced(b)
+    assert referenced(a) | referenced(b) == kept
+    assert stored(objects_dir, "two-ops") == kept
     assert final_state(a, client) == reference(BATCHES[:4])
     assert final_state(b, client) == reference(BATCHES[1:5])
 
