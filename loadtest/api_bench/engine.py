@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from loadtest.api_bench.config import ENGINES, SIDECAR_ENGINES, BenchConfig
+from loadtest.api_bench.cpu import sample_tree
 from loadtest.api_bench.figures import EngineRun
 
 
@@ -46,26 +47,11 @@ def run(engine: str, cfg: BenchConfig, input_dir: Path, work: Path) -> EngineRun
     log(f"{engine}: Spark session up in {time.perf_counter() - t0:.1f}s")
     try:
         with sidecar(engine, work / "sidecar") as address:
-            result = run_engine(engine, spark, cfg, input_dir, work, address, log, tree_cpu_s)
-            result.cpu_s = tree_cpu_s()
+            result = run_engine(engine, spark, cfg, input_dir, work, address, log, sample_tree)
+            result.cpu_s = sample_tree().total_s
             return result
     finally:
         spark.stop()
-
-
-def tree_cpu_s() -> float:
-    """CPU seconds (user + system) of this process and every descendant alive now, with
-    the children each of them has reaped (Spark's JVM is not this process's child to
-    wait for, so ``getrusage`` would miss it; the sidecar and Python workers are below)."""
-    import psutil
-
-    me = psutil.Process()
-    total = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            c = p.cpu_times()
-            total += c.user + c.system + c.children_user + c.children_system
-    return total
 
 
 def main(argv: Sequence[str] | None = None) -> int:

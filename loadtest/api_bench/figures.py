@@ -42,6 +42,10 @@ class Batch:
     #: CPU seconds of the engine's whole process tree so far, sampled when the batch was
     #: recorded (NaN: not sampled)
     cpu_s: float = NAN
+    #: ... of which the JVM's, and of that its JIT compiler threads' (NaN: not sampled;
+    #: :mod:`loadtest.api_bench.cpu`)
+    jvm_cpu_s: float = NAN
+    jit_cpu_s: float = NAN
 
     @property
     def checkpoint_ms(self) -> float:

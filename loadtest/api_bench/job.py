@@ -24,6 +24,7 @@ from loadtest.api_bench.config import (
     SPARK_STATE_ENGINES,
     BenchConfig,
 )
+from loadtest.api_bench.cpu import CpuSample
 from loadtest.api_bench.figures import Batch, EngineRun, batch_of
 
 INPUT_SCHEMA = "k long, v long"
@@ -218,7 +219,7 @@ def run_engine(
     work: Path,
     address: str,
     log: Callable[[str], None] = print,
-    cpu: Callable[[], float] | None = None,
+    cpu: Callable[[], CpuSample] | None = None,
 ) -> EngineRun:
     """Run ``engine`` over every batch of ``input_dir``; its batches as they complete."""
     outputs: dict[int, int] = {}
@@ -246,7 +247,8 @@ def run_engine(
                 continue  # its figures come a moment later (or never: then taken without)
             b = batch_of(p, engine, outputs.get(bid, -1))
             if cpu is not None:
-                b = replace(b, cpu_s=cpu())
+                sample = cpu()
+                b = replace(b, cpu_s=sample.total_s, jvm_cpu_s=sample.jvm_s, jit_cpu_s=sample.jit_s)
             seen[bid] = b
             log(
                 f"{engine}: batch {bid + 1}/{cfg.batches}: {b.input_rows:,} rows, "

@@ -76,6 +76,9 @@ class EngineStats:
     error: str | None
     #: 1-minute load average when the engine started and when it ended
     load: tuple[float, float]
+    #: of ``cpu_per_batch_s``: the JVM's, and of that its JIT compilers' (warm-up)
+    jvm_cpu_per_batch_s: float = NAN
+    jit_cpu_per_batch_s: float = NAN
 
     @classmethod
     def of(cls, run: EngineRun, distinct: Sequence[int], load: tuple[float, float]) -> EngineStats:
@@ -99,11 +102,16 @@ class EngineStats:
             steady_cpu_s(run.batches),
             run.error,
             load,
+            steady_cpu_s(run.batches, "jvm_cpu_s"),
+            steady_cpu_s(run.batches, "jit_cpu_s"),
         )
 
 
-def steady_cpu_s(batches: Sequence[Batch]) -> float:
-    """CPU seconds per batch from the first to the last of ``batches`` (start-up left out)."""
+def steady_cpu_s(batches: Sequence[Batch], figure: str = "cpu_s") -> float:
+    """CPU seconds per batch from the first to the last of ``batches`` (start-up left out):
+    of the whole tree, or of the sample ``figure`` (``jvm_cpu_s``, ``jit_cpu_s``)."""
     if len(batches) < 2:
         return NAN
-    return (batches[-1].cpu_s - batches[0].cpu_s) / (len(batches) - 1)
+    first: float = getattr(batches[0], figure)
+    last: float = getattr(batches[-1], figure)
+    return (last - first) / (len(batches) - 1)

@@ -135,3 +135,33 @@ def test_cpu_per_batch_leaves_the_start_up_out() -> None:
     bs = [replace(batch(i, 100.0), cpu_s=30.0 + 2.0 * i) for i in range(1, 5)]
     assert steady_cpu_s(bs) == 2.0  # the 30 s of start-up before the first is not counted
     assert math.isnan(steady_cpu_s(bs[:1]))
+
+
+def test_cpu_split_per_batch_jvm_and_its_jit_compilers(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from loadtest.api_bench.cpu import jit_cpu_s, sample_tree
+    from loadtest.api_bench.stats import steady_cpu_s
+
+    bs = [
+        replace(batch(i, 100.0), cpu_s=10.0 + 3 * i, jvm_cpu_s=5.0 + 2 * i, jit_cpu_s=1.0 + i)
+        for i in range(1, 4)
+    ]
+    assert [steady_cpu_s(bs, f) for f in ("cpu_s", "jvm_cpu_s", "jit_cpu_s")] == [3, 2, 1]
+    back = EngineRun.from_json(json.loads(json.dumps(EngineRun("vec", bs).to_json())))
+    assert back.batches == bs
+    old = {k: v for k, v in bs[0].to_json().items() if k not in ("jvm_cpu_s", "jit_cpu_s")}
+    assert math.isnan(Batch.from_json(old).jit_cpu_s)  # a report from before the split
+    # a /proc with one JIT compiler thread and one other thread (clock ticks: utime, stime)
+    ticks = __import__("os").sysconf("SC_CLK_TCK")
+    for tid, name, t in ((1, "C2 CompilerThre", 3 * ticks), (2, "Executor task l", 5 * ticks)):
+        task = tmp_path / "42" / "task" / str(tid)
+        task.mkdir(parents=True)
+        rest = " ".join(["0"] * 10 + [str(t), str(t)] + ["0"] * 5)  # ppid..cmajflt, utime, stime
+        (task / "stat").write_text(f"{tid} ({name}) S {rest}\n")
+    assert jit_cpu_s(42, tmp_path) == 6.0
+    assert math.isnan(jit_cpu_s(43, tmp_path))
+    here = sample_tree()  # this process: no JVM below it
+    assert here.total_s > 0 and math.isnan(here.jvm_s) and math.isnan(here.jit_s)
+    stats = EngineStats.of(EngineRun("vec", bs), [100] * 7, (1.0, 1.0))
+    assert (stats.jvm_cpu_per_batch_s, stats.jit_cpu_per_batch_s) == (2.0, 1.0)
