@@ -112,7 +112,18 @@ class WriterStream:
     :data:`MAX_LANES`, one per log id; answers leave only through the outbox.
     """
 
-    __slots__ = ("_calls", "_ctx", "_expected", "_lanes", "_mux", "_outbox", "_principal", "_who")
+    __slots__ = (
+        "_calls",
+        "_ctx",
+        "_expected",
+        "_in",
+        "_in_per_message",
+        "_lanes",
+        "_mux",
+        "_outbox",
+        "_principal",
+        "_who",
+    )
 
     def __init__(self, calls: Calls, context: grpc.aio.ServicerContext, *, mux: bool) -> None:
         self._calls = calls
@@ -121,6 +132,8 @@ class WriterStream:
         self._principal = calls.principal(context)
         self._outbox = Outbox(context, calls.metrics, mux=mux, max_bytes=calls.max_response_bytes)
         self._lanes: dict[str, WriterLane] = {}
+        self._in = calls.metrics.stream_messages.labels("in")
+        self._in_per_message = calls.metrics.stream_requests_per_message.labels("in")
         if not mux:  # bound by its first request
             self._lanes[""] = self._new_lane()
         #: who waits for the stream's read turns (a Session stream: its writer, once bound)
@@ -153,6 +166,7 @@ class WriterStream:
                         await self._serve_mux(msg)
                     else:
                         await self._serve_session(msg)
+                    await outbox.flush()  # the answers given in turn, in one message
                 finally:
                     # an idle stream must not keep its last message (its changes) alive
                     # while it waits for the next one
@@ -171,7 +185,7 @@ class WriterStream:
             await asyncio.wait({sender})
 
     async def _serve_session(self, req: Any) -> None:
-        self._calls.metrics.stream_messages.labels("in").inc()
+        self._in.inc()
         lane = self._lanes[""]
         if type(req) is Unread:
             await lane.handle_unread(req)
@@ -186,9 +200,8 @@ class WriterStream:
     async def _serve_mux(self, msg: Any) -> None:
         if type(msg) is not pb.MuxRequest:
             check_decoded(msg)  # bytes that do not decode: the stream ends
-        metrics = self._calls.metrics
-        metrics.stream_messages.labels("in").inc()
-        metrics.stream_requests_per_message.labels("in").observe(len(msg.calls))
+        self._in.inc()
+        self._in_per_message.observe(len(msg.calls))
         charged = 0
         for req in msg.calls:
             lane = self._lane_for(req)

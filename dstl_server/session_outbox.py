@@ -3,7 +3,9 @@
 Lanes (:mod:`dstl_server.session_lane`) :meth:`Outbox.put` their answers and
 go on; the outbox's task writes them. Every persist completed by one flush
 resolves in the same turn of the event loop, so their answers are in the
-queue together when the task runs: on a ``Mux`` stream they leave in one
+queue together when the task runs, and the answers the stream's reader
+gives to the requests of one message are written by the reader itself once
+it has handled them all (:meth:`Outbox.flush`): on a ``Mux`` stream they leave in one
 ``MuxResponse`` (split only where one message would pass
 ``max_bytes``); on a ``Session`` stream each answer is its own message, as
 its clients expect. Answers that come while a message is being written
@@ -24,9 +26,6 @@ log = logging.getLogger(__name__)
 
 #: answers queued for the stream at most before it reads no further message
 MAX_QUEUED_ANSWERS = 1024
-#: turns of the event loop the task lets pass after a wake-up, so answers woken
-#: by the same event (one flush) are queued before it takes them
-_GATHER_TURNS = 2
 
 
 class Outbox:
@@ -53,6 +52,11 @@ class Outbox:
         self._drained.set()
         self._closed = False
         self._broken = False
+        #: a message is being written (by the task or by :meth:`send`)
+        self._writing = False
+        self._out = metrics.stream_messages.labels("out")
+        self._per_message = metrics.stream_requests_per_message.labels("out")
+        self._persists_per_message = metrics.stream_persists_per_message
 
     def put(self, answer: pb.SessionResponse, *, persist: bool = False) -> None:
         """Queue ``answer`` (``persist``: a persist's, counted per message)."""
@@ -62,6 +66,26 @@ class Outbox:
         self._queue.append((answer, persist))
         self._drained.clear()
         self._wake.set()
+
+    async def flush(self) -> None:
+        """Write what is queued now, if nothing is being written (the stream's reader,
+        after the requests of one message: their answers leave together, without a task
+        switch); else the task writes it after the message in flight."""
+        if self._writing or not self._queue or self._broken:
+            return
+        batch, self._queue = self._queue, []
+        self._writing = True
+        try:
+            await self._write(batch)
+        except Exception as exc:  # the stream ended meanwhile: nobody to answer
+            self._broken = True
+            log.info("answers not sent: %r", exc)
+        finally:
+            self._writing = False
+        if self._queue:
+            self._wake.set()
+        else:
+            self._drained.set()
 
     async def room(self) -> None:
         """Until fewer than :data:`MAX_QUEUED_ANSWERS` answers wait (the client reads slowly)."""
@@ -81,11 +105,15 @@ class Outbox:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                for _ in range(_GATHER_TURNS):
-                    await asyncio.sleep(0)
+                if self._writing:
+                    continue  # :meth:`send` wakes the task again once it is done
                 if self._queue:
                     batch, self._queue = self._queue, []
-                    await self._write(batch)
+                    self._writing = True
+                    try:
+                        await self._write(batch)
+                    finally:
+                        self._writing = False
                 if not self._queue:
                     self._drained.set()
                     if self._closed:
@@ -98,11 +126,13 @@ class Outbox:
             self._drained.set()
 
     async def _write(self, batch: list[tuple[pb.SessionResponse, bool]]) -> None:
-        metrics = self._metrics
         if not self._mux:
             for answer, _ in batch:
                 await self._ctx.write(answer)
-            metrics.stream_messages.labels("out").inc(len(batch))
+            self._out.inc(len(batch))
+            return
+        if len(batch) == 1:  # one answer fits a message (checked when it was made)
+            await self._write_mux(batch)
             return
         start = 0
         size = 0
@@ -115,10 +145,9 @@ class Outbox:
         await self._write_mux(batch[start:])
 
     async def _write_mux(self, batch: list[tuple[pb.SessionResponse, bool]]) -> None:
-        metrics = self._metrics
         persists = sum(1 for _, p in batch if p)
         await self._ctx.write(pb.MuxResponse(answers=[a for a, _ in batch]))
-        metrics.stream_messages.labels("out").inc()
-        metrics.stream_requests_per_message.labels("out").observe(len(batch))
+        self._out.inc()
+        self._per_message.observe(len(batch))
         if persists:
-            metrics.stream_persists_per_message.observe(persists)
+            self._persists_per_message.observe(persists)
