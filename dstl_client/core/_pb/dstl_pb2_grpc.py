@@ -176,7 +176,8 @@ class ChangelogServicer:
 
     def Session(self, request_iterator, context):
         """One writer's Append, LastAppendedSqn, PersistDurably and Truncate calls on
-        one long-lived stream (the client's default transport for them). The
+        one long-lived stream (the default transport of clients that predate Mux;
+        served for them). The
         sidecar applies a stream's requests in the order they arrive (no session
         or seq: those fields are ignored here) and answers each one, by its id: a
         persist once its handle is ready, so later requests go on meanwhile.

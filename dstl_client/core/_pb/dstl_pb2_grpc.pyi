@@ -67,7 +67,8 @@ class ChangelogStub:
     """
     Session: _grpc.StreamStreamMultiCallable[_dstl_pb2.SessionRequest, _dstl_pb2.SessionResponse]
     """One writer's Append, LastAppendedSqn, PersistDurably and Truncate calls on
-    one long-lived stream (the client's default transport for them). The
+    one long-lived stream (the default transport of clients that predate Mux;
+    served for them). The
     sidecar applies a stream's requests in the order they arrive (no session
     or seq: those fields are ignored here) and answers each one, by its id: a
     persist once its handle is ready, so later requests go on meanwhile.
@@ -129,7 +130,8 @@ class ChangelogAsyncStub(ChangelogStub):
     """
     Session: _aio.StreamStreamMultiCallable[_dstl_pb2.SessionRequest, _dstl_pb2.SessionResponse]  # type: ignore[assignment]
     """One writer's Append, LastAppendedSqn, PersistDurably and Truncate calls on
-    one long-lived stream (the client's default transport for them). The
+    one long-lived stream (the default transport of clients that predate Mux;
+    served for them). The
     sidecar applies a stream's requests in the order they arrive (no session
     or seq: those fields are ignored here) and answers each one, by its id: a
     persist once its handle is ready, so later requests go on meanwhile.
@@ -254,7 +256,8 @@ class ChangelogServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_dstl_pb2.SessionResponse], _abc.AsyncIterator[_dstl_pb2.SessionResponse]]:
         """One writer's Append, LastAppendedSqn, PersistDurably and Truncate calls on
-        one long-lived stream (the client's default transport for them). The
+        one long-lived stream (the default transport of clients that predate Mux;
+        served for them). The
         sidecar applies a stream's requests in the order they arrive (no session
         or seq: those fields are ignored here) and answers each one, by its id: a
         persist once its handle is ready, so later requests go on meanwhile.
