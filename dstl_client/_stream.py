@@ -51,6 +51,7 @@ from dstl_client._status import to_dstl_error
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import (
     BudgetFull,
+    ConfigError,
     DstlError,
     SidecarUnavailable,
     error_class_for_kind,
@@ -176,6 +177,11 @@ class MuxStream:
             error = SidecarUnavailable(f"the sidecar at {self._target} ended the writer stream")
         except grpc.RpcError as exc:
             error = to_dstl_error(exc, self._target)
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                error = ConfigError(
+                    f"the sidecar at {self._target} does not serve the Mux writer stream (it "
+                    "predates this client): upgrade it, or use transport='unary'"
+                )
         except BaseException as exc:  # pragma: no cover - a bug: fail loudly, never hang
             error = DstlError(f"the writer stream failed: {exc!r}")
         failed: list[Entry] = []

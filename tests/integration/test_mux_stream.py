@@ -13,11 +13,17 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from dstl_client import ChangelogClient, ChangelogHandle
 from dstl_client.core._pb import dstl_pb2 as pb
-from dstl_client.core.errors import InvalidArgument, KeyGroupOutOfRange, WriterFailed
+from dstl_client.core.errors import (
+    ConfigError,
+    InvalidArgument,
+    KeyGroupOutOfRange,
+    WriterFailed,
+)
 from dstl_server.testing import ServerProcess
 from tests.integration._helpers import error_of_answer, raw_stub, read_all
 
@@ -151,3 +157,21 @@ def test_a_clients_writers_share_one_stream(proc: ServerProcess, client: Changel
     assert in_flight == 1, "the client's writers did not share one stream"
     for w in writers:
         w.close()
+
+
+def test_a_sidecar_without_mux_is_named_too_old() -> None:
+    """A sidecar that predates Mux (here: a gRPC server with no method at all) answers
+    UNIMPLEMENTED: the writer's call says so, and how to go on (transport='unary')."""
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with ChangelogClient(f"127.0.0.1:{port}", timeout_s=10) as c:
+            w = c.open_writer(
+                job_id="j", log_id="l", key_group_range=(0, 0), max_change_bytes=1 << 20
+            )
+            w.append(0, b"x")
+            with pytest.raises(ConfigError, match="transport='unary'"):
+                w.flush()
+    finally:
+        server.stop(None)
