@@ -52,20 +52,23 @@ class Outbox:
         self._drained.set()
         self._closed = False
         self._broken = False
-        #: a message is being written (by the task or by :meth:`send`)
+        #: a message is being written (by the task or by :meth:`flush`)
         self._writing = False
         self._out = metrics.stream_messages.labels("out")
         self._per_message = metrics.stream_requests_per_message.labels("out")
         self._persists_per_message = metrics.stream_persists_per_message
 
     def put(self, answer: pb.SessionResponse, *, persist: bool = False) -> None:
-        """Queue ``answer`` (``persist``: a persist's, counted per message)."""
+        """Queue ``answer``. ``persist``: a persist's, from its own task, which wakes the
+        outbox's task (counted per message); any other answer is given by the stream's
+        reader, which :meth:`flush` es after the message."""
         if self._broken:
             log.info("answer to request %d dropped: the stream ended", answer.id)
             return
         self._queue.append((answer, persist))
         self._drained.clear()
-        self._wake.set()
+        if persist:
+            self._wake.set()
 
     async def flush(self) -> None:
         """Write what is queued now, if nothing is being written (the stream's reader,
@@ -103,21 +106,21 @@ class Outbox:
         """Write queued answers until :meth:`close` (the stream's task)."""
         try:
             while True:
-                await self._wake.wait()
-                self._wake.clear()
-                if self._writing:
-                    continue  # :meth:`send` wakes the task again once it is done
-                if self._queue:
+                if self._queue and not self._writing:
                     batch, self._queue = self._queue, []
                     self._writing = True
                     try:
                         await self._write(batch)
                     finally:
                         self._writing = False
+                    continue
                 if not self._queue:
                     self._drained.set()
                     if self._closed:
                         return
+                # woken by a persist's answer, by close, or by flush once it wrote
+                self._wake.clear()
+                await self._wake.wait()
         except Exception as exc:  # the stream ended meanwhile: nobody to answer
             self._broken = True
             log.info("answers not sent: %r", exc)
