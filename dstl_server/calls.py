@@ -67,8 +67,6 @@ _ENTRY_FIXED_BOUND = 72
 #: writer calls with parts and a turn: their log id (1), session (14) and seq (15)
 #: are LastAppendedSqnRequest's fields
 _ORDERED_CALLS = frozenset({"Append", "PersistDurably"})
-#: the writer stream methods (served by :mod:`dstl_server.session`)
-WRITER_STREAMS = frozenset({"Session", "Mux"})
 
 
 def status_of(exc: DstlError) -> grpc.StatusCode:
@@ -368,9 +366,8 @@ def register(
     service: object,
     streams: object,
 ) -> None:
-    """Add the Changelog service to ``server``: ``streams`` serves the writer streams
-    (``Session``, ``Mux``), ``service`` every other method (by name); requests bounded
-    before decoding, errors typed."""
+    """Add the Changelog service to ``server``: ``streams`` serves ``Session`` and ``Mux``,
+    ``service`` every other method (by name); requests bounded before decoding, errors typed."""
     desc = pb.DESCRIPTOR.services_by_name["Changelog"]
     settings = calls.registry.settings
     budget = calls.registry.budget
@@ -389,8 +386,7 @@ def register(
             (False, True): grpc.unary_stream_rpc_method_handler,
             (True, True): grpc.stream_stream_rpc_method_handler,
         }[(method.client_streaming, method.server_streaming)]
-        owner = streams if method.name in WRITER_STREAMS else service
-        handler = getattr(owner, method.name)
+        handler = getattr(streams if method.name in ("Session", "Mux") else service, method.name)
         handlers[method.name] = make(
             handler,
             request_deserializer=safe_deserializer(
