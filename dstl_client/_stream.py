@@ -1,53 +1,57 @@
-"""One writer's ``Session`` stream on the client: requests in call order, answers by id.
+"""Every writer of a client on one ``Mux`` stream: requests in call order, answers by id.
 
 :class:`StreamTransport`, the default transport of
-:class:`~dstl_client.writer.ChangelogWriter` for
-``Append``, ``LastAppendedSqn``, ``PersistDurably`` and ``Truncate``: one
-long-lived bidirectional gRPC stream per writer, opened at the writer's first
-such call. The sidecar applies a stream's requests in the order they were
-sent, so the stream needs no ``session``/``seq``; each answer names its
-request's id.
+:class:`~dstl_client.writer.ChangelogWriter` for ``Append``,
+``LastAppendedSqn``, ``PersistDurably`` and ``Truncate``, sends a writer's
+calls on its client's :class:`MuxStream`: one long-lived bidirectional gRPC
+stream per client (per process, as a PySpark worker shares one client),
+opened at the first such call of any of its writers. Each request names its
+writer; the sidecar applies each writer's requests in the order they were
+sent (no ``session``/``seq``) and answers each by its id. Requests queued
+together leave in one message (:mod:`dstl_client._mux_leg`), and the sidecar
+answers every persist completed by one of its flushes in one message.
 
 Threads: gRPC's own thread sends the queued requests (HTTP/2 flow control
 may hold it: backpressure), and one reader thread per gRPC call completes
 each request's future with its answer (a refused request: the typed error
-its unary call would have raised). A stream that ends, for whatever reason,
-fails every request still waiting on it with the error it ended with
+its unary call would have raised; a refusal is the writer's alone, its
+siblings go on). A call that ends, for whatever reason, fails every request
+still waiting on it, of every writer, with the error it ended with
 (:class:`~dstl_client.core.errors.SidecarUnavailable` for a lost connection,
-a cancelled call or a stream ended without a status); the writer treats
-that exactly like a lost unary call, and opens a new stream for its next
-call if it is not failed by then.
+a cancelled call or a stream ended without a status); a writer treats that
+exactly like a lost unary call, and the next request of any writer opens a
+new gRPC call. A blocking call whose answer does not come within the
+connection's ``timeout_s`` cancels the call (as a lost connection would).
 
 **A full memory budget** (:class:`~dstl_client.core.errors.BudgetFull`): the
-sidecar applied neither the refused request nor any later one of that gRPC
-call (it refuses them all), so the stream sends them again, in order, on a
-new gRPC call after a pause (jittered, doubling from
+sidecar applied neither the refused request nor any later one of that
+writer (it refuses them all, until one comes with ``resend`` set), so the
+stream sends them again, in order, after a pause (jittered, doubling from
 :data:`~dstl_client.transport.RETRY_FIRST_DELAY_S` up to
-:data:`~dstl_client.transport.RETRY_MAX_DELAY_S`); their futures
-stay the same and the caller only sees the delay. The old call is
-half-closed and still delivers the answers of the requests before the
-refused one. The sidecar decides when it has been too long (a plain
-:class:`~dstl_client.core.errors.Backpressure`, which fails the request);
-the stream also stops resending after ``retry_limit_s`` without an accepted
-request and fails the request with the refusal.
+:data:`~dstl_client.transport.RETRY_MAX_DELAY_S`), the first with
+``resend``; their futures stay the same and the caller only sees the delay.
+The other writers' requests go on meanwhile. The sidecar decides when it has
+been too long (a plain :class:`~dstl_client.core.errors.Backpressure`,
+which fails the request); the stream also stops resending after
+``retry_limit_s`` without an accepted request of that writer and fails the
+request with the refusal.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import queue
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import grpc
 
 from dstl_client._buffer import ChangeBuffer
+from dstl_client._mux_leg import Entry, MuxLane, MuxLeg
 from dstl_client._status import to_dstl_error
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import (
     BudgetFull,
+    ConfigError,
     DstlError,
     SidecarUnavailable,
     error_class_for_kind,
@@ -61,105 +65,98 @@ def error_of(error: pb.SessionError) -> DstlError:
     return error_class_for_kind(error.kind)(error.message or error.code or "refused")
 
 
-@dataclass(slots=True)
-class _Entry:
-    """A request and the future of its answer (the same across resends)."""
+class MuxStream:
+    """A client's writer stream: :meth:`submit` a writer's request, get a future of its answer.
 
-    request: pb.SessionRequest
-    future: concurrent.futures.Future[pb.SessionResponse]
-
-
-class _Leg:
-    """One gRPC ``Session`` call of the stream."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.requests: queue.SimpleQueue[pb.SessionRequest | None] = queue.SimpleQueue()
-        #: unanswered requests by id, in the order sent
-        self.pending: dict[int, _Entry] = {}
-        #: ids moved to a later leg: their refusals here are expected and ignored
-        self.moved: set[int] = set()
-        self.call = conn.open_session(self._outgoing())
-
-    def _outgoing(self) -> Iterator[pb.SessionRequest]:
-        """The requests, as gRPC's sending thread takes them; ``None`` half-closes."""
-        while True:
-            request = self.requests.get()
-            if request is None:
-                return
-            yield request
-
-
-class WriterStream:
-    """One writer's stream: :meth:`submit` a request, get a future of its answer.
-
-    Thread-safe; the writer submits under its own lock, so requests reach the
-    stream in call order. ``broken`` is the error the stream ended with (then
-    :meth:`submit` raises it; the writer opens a new stream). Requests
-    refused for a full budget are sent again (see the module docs): while
-    a resend waits for its pause, new requests queue behind it.
+    Thread-safe; a writer submits under its own lock, so each writer's
+    requests reach the stream in its call order. At most one gRPC call is
+    current (``_leg``); it is opened at the first request after the last
+    one ended. Requests of a writer refused for a full budget are sent again
+    (see the module docs): while that writer's resend waits for its pause,
+    its new requests queue behind it (``MuxLane.held``). Ids are unique on
+    the stream and increase in the order requests are put on a call.
     """
 
-    def __init__(self, conn: Connection, log_id: str) -> None:
+    def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self._target = conn.target
-        self._name = f"dstl-stream-{log_id[:12]}"
         self.retry_limit_s = conn.timeout_s
         self._lock = threading.Lock()
         self._last_id = 0
-        self.broken: DstlError | None = None
-        self._closing = False
-        #: requests waiting for a resend's pause to end (None: not resending)
-        self._held: list[_Entry] | None = None
-        self._attempt = 0
-        self._refused_since: float | None = None
-        self._legs: set[_Leg] = set()
+        self._leg: MuxLeg | None = None
+        self._legs: set[MuxLeg] = set()
+        #: lanes whose resend waits for its pause (failed if the call ends meanwhile)
+        self._holding: set[MuxLane] = set()
         #: the reader threads of the calls still open (a blocking call must not run there)
         self._readers: set[threading.Thread] = set()
-        self._leg: _Leg | None = None
-        with self._lock:  # its reader may end at once (no sidecar): it looks at _leg
-            self._leg = self._open_leg()
+        self._closed = False
+        #: answer messages and answers received, over every call (reader threads count)
+        self.messages_received = 0
+        self.answers_received = 0
 
-    def _open_leg(self) -> _Leg:
-        """A new gRPC call and its reader thread (under the lock, or in ``__init__``)."""
-        leg = _Leg(self._conn)
+    # ------------------------------------------------------------ requests
+    def _open_leg(self) -> MuxLeg:
+        """A new gRPC call and its reader thread (under the lock)."""
+        try:
+            leg = MuxLeg(self._conn)
+        except Exception as exc:  # e.g. the client's channel was closed
+            raise SidecarUnavailable(
+                f"the writer stream to {self._target} could not be opened: {exc!r}"
+            ) from None
         self._legs.add(leg)
-        reader = threading.Thread(target=self._read, args=(leg,), name=self._name, daemon=True)
+        reader = threading.Thread(
+            target=self._read, args=(leg,), name="dstl-mux-reader", daemon=True
+        )
         self._readers.add(reader)
         reader.start()
         return leg
 
-    def _send(self, leg: _Leg, entry: _Entry) -> None:
+    def _send(self, leg: MuxLeg, entry: Entry) -> None:
+        """Put ``entry`` on ``leg`` with a new id (under the lock)."""
         self._last_id += 1
-        entry.request.id = self._last_id
+        if entry.queued:  # sent before: the leg's queue may still hold that object
+            request = pb.SessionRequest()
+            request.CopyFrom(entry.request)
+            entry.request = request
+        entry.queued = True
+        request = entry.request
+        request.id = self._last_id
+        lane = entry.lane
+        request.resend = lane.resend_next
+        lane.resend_next = False
         leg.pending[self._last_id] = entry
-        leg.requests.put(entry.request)
+        leg.requests.put(request)
 
-    def submit(self, request: pb.SessionRequest) -> concurrent.futures.Future[pb.SessionResponse]:
-        """Queue ``request`` (its id is set here); the future of its answer."""
-        entry = _Entry(request, concurrent.futures.Future())
+    def submit(
+        self, lane: MuxLane, request: pb.SessionRequest
+    ) -> concurrent.futures.Future[pb.SessionResponse]:
+        """Queue ``request`` of ``lane``'s writer (its id is set here); the future of its answer."""
+        entry = Entry(request, lane)
         with self._lock:
-            if self.broken is not None:
-                raise self.broken
-            if self._held is not None:
-                self._held.append(entry)
+            if lane.held is not None:
+                lane.held.append(entry)
             else:
-                assert self._leg is not None
-                self._send(self._leg, entry)
+                leg = self._leg
+                if leg is None:
+                    leg = self._leg = self._open_leg()
+                self._send(leg, entry)
         return entry.future
 
-    def call(self, request: pb.SessionRequest, timeout_s: float) -> pb.SessionResponse:
+    def call(
+        self, lane: MuxLane, request: pb.SessionRequest, timeout_s: float
+    ) -> pb.SessionResponse:
         """Submit ``request`` and wait for its answer; none within ``timeout_s`` is unavailable.
 
         A request whose answer does not come is treated as a unary call past
-        its deadline: the stream is cancelled (its other requests fail too).
+        its deadline: the gRPC call is cancelled (every request waiting on it fails).
         """
         if threading.current_thread() in self._readers:
             raise DstlError(
-                "a blocking call of a writer was made from a callback of that writer's own "
-                "persist future (the thread that delivers the writer's answers): it would "
-                "wait forever; call it from another thread"
+                "a blocking call of a writer was made from a callback of a persist future "
+                "of the same client (the thread that delivers its writers' answers): it "
+                "would wait forever; call it from another thread"
             )
-        future = self.submit(request)
+        future = self.submit(lane, request)
         try:
             return future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
@@ -168,149 +165,163 @@ class WriterStream:
             self.cancel()
             raise SidecarUnavailable(
                 f"sidecar at {self._target} unavailable (DEADLINE_EXCEEDED): no answer on the "
-                f"writer's stream within {timeout_s:g}s"
+                f"writer stream within {timeout_s:g}s"
             ) from None
 
     # ------------------------------------------------------------ answers
-    def _read(self, leg: _Leg) -> None:
+    def _read(self, leg: MuxLeg) -> None:
         error: DstlError
         try:
-            for response in leg.call:
-                if response.HasField("error") and response.error.kind == BudgetFull.kind:
-                    self._refused(leg, response)
-                    continue
-                with self._lock:
-                    entry = leg.pending.pop(response.id, None)
-                    if entry is not None and leg is self._leg:
-                        self._refused_since = None  # accepted: the budget has room again
-                        self._attempt = 0
-                if entry is None:
-                    if response.id not in leg.moved:  # not ours: the stream is out of step
-                        leg.call.cancel()
-                    continue
-                if response.HasField("error"):
-                    entry.future.set_exception(error_of(response.error))
-                else:
-                    entry.future.set_result(response)
-            error = SidecarUnavailable(f"the sidecar at {self._target} ended the writer's stream")
+            for message in leg.call:
+                self._answers(leg, message.answers)
+            error = SidecarUnavailable(f"the sidecar at {self._target} ended the writer stream")
         except grpc.RpcError as exc:
             error = to_dstl_error(exc, self._target)
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                error = ConfigError(
+                    f"the sidecar at {self._target} does not serve the Mux writer stream (it "
+                    "predates this client): upgrade it, or use transport='unary'"
+                )
         except BaseException as exc:  # pragma: no cover - a bug: fail loudly, never hang
-            error = DstlError(f"the writer's stream failed: {exc!r}")
+            error = DstlError(f"the writer stream failed: {exc!r}")
+        failed: list[Entry] = []
         with self._lock:
             self._legs.discard(leg)
             self._readers.discard(threading.current_thread())
-            pending = list(leg.pending.values())
+            failed += leg.pending.values()
             leg.pending.clear()
-            if leg is self._leg:  # the current call ended: the stream is broken
-                self.broken = error
+            if leg is self._leg:  # the current call ended: resends wait no more
                 self._leg = None
-                pending += self._held or ()
-                self._held = None
+                for lane in self._holding:
+                    failed += lane.held or ()
+                    lane.held = None
+                    lane.attempt = 0
+                    lane.refused_since = None
+                self._holding.clear()
         leg.requests.put(None)  # ends gRPC's sending thread
-        for entry in pending:
+        for entry in failed:
             entry.future.set_exception(error)
 
-    def _refused(self, leg: _Leg, response: pb.SessionResponse) -> None:
-        """A request refused for a full budget: resend it and the later ones, or give up."""
-        refusal = error_of(response.error)
+    def _answers(self, leg: MuxLeg, answers: list[pb.SessionResponse]) -> None:
+        """Settle the futures of one message's answers (a budget refusal: resend)."""
+        self.messages_received += 1
+        self.answers_received += len(answers)
+        settled: list[tuple[Entry, pb.SessionResponse]] = []
+        refused: list[pb.SessionResponse] = []
         with self._lock:
-            if response.id in leg.moved:
-                return  # a later request of a call already given up
-            entry = leg.pending.get(response.id)
+            current = leg is self._leg
+            for answer in answers:
+                if answer.HasField("error") and answer.error.kind == BudgetFull.kind:
+                    refused.append(answer)
+                    continue
+                entry = leg.pending.pop(answer.id, None)
+                if entry is None:
+                    if answer.id not in leg.moved:  # not ours: the stream is out of step
+                        leg.call.cancel()
+                    continue
+                if current and entry.lane.refused_since is not None:
+                    entry.lane.refused_since = None  # accepted: the budget has room again
+                    entry.lane.attempt = 0
+                settled.append((entry, answer))
+        for entry, answer in settled:
+            if answer.HasField("error"):
+                entry.future.set_exception(error_of(answer.error))
+            else:
+                entry.future.set_result(answer)
+        for answer in refused:
+            self._refused(leg, answer)
+
+    def _refused(self, leg: MuxLeg, answer: pb.SessionResponse) -> None:
+        """A request refused for a full budget: resend it and its writer's later ones, or
+        give up."""
+        refusal = error_of(answer.error)
+        with self._lock:
+            if answer.id in leg.moved:
+                return  # a later request of a writer already being sent again
+            entry = leg.pending.get(answer.id)
             if entry is None or leg is not self._leg:
                 leg.call.cancel()  # out of step
                 return
+            lane = entry.lane
             now = time.monotonic()
-            if self._refused_since is None:
-                self._refused_since = now
-            # this one and every later request: the sidecar applied none of them
-            ids = [i for i in leg.pending if i >= response.id]
+            if lane.refused_since is None:
+                lane.refused_since = now
+            # this one and every later request of the writer: the sidecar applied none
+            ids = [i for i, e in leg.pending.items() if e.lane is lane and i >= answer.id]
             later = [leg.pending.pop(i) for i in ids]
             leg.moved.update(ids)
-            leg.requests.put(None)  # half-close: earlier answers still come
-            self._leg = None
-            if now - self._refused_since >= self.retry_limit_s:
-                self.broken = refusal  # the writer's next call opens a new stream
-                give_up = later
-            else:  # send them again, in order, on a new call after a pause
+            lane.resend_next = True
+            if now - lane.refused_since >= self.retry_limit_s:
+                give_up = later  # the writer's next request is sent, with resend
+                lane.refused_since = None
+                lane.attempt = 0
+            else:  # send them again, in order, after a pause
                 give_up = []
-                self._held = later
-                self._attempt += 1
-                timer = threading.Timer(retry_delay(self._attempt), self._resume)
+                lane.held = later
+                self._holding.add(lane)
+                lane.attempt += 1
+                timer = threading.Timer(retry_delay(lane.attempt), self._resume, (lane,))
                 timer.daemon = True
                 timer.start()
-        for entry in give_up:
-            entry.future.set_exception(refusal)
+        for refused in give_up:
+            refused.future.set_exception(refusal)
 
-    def _resume(self) -> None:
-        """After the pause: a new gRPC call with the held requests, in order."""
-        failed: list[_Entry] = []
+    def _resume(self, lane: MuxLane) -> None:
+        """After the pause: the held requests of ``lane``, in order, the first with resend."""
+        failed: list[Entry] = []
+        error: DstlError | None = None
         with self._lock:
-            held, self._held = self._held or [], None
-            if self.broken is not None:
-                failed, error = held, self.broken
-            else:
-                try:
+            held, lane.held = lane.held, None
+            self._holding.discard(lane)
+            if not held:
+                return  # the call ended meanwhile: they failed with it
+            try:
+                leg = self._leg
+                if leg is None:
                     leg = self._leg = self._open_leg()
-                except Exception as exc:  # e.g. the client's channel was closed
-                    self.broken = error = SidecarUnavailable(
-                        f"the writer's stream to {self._target} could not be opened again: {exc!r}"
-                    )
-                    failed = held
-                else:
-                    for entry in held:
-                        self._send(leg, entry)
-                    if self._closing:
-                        leg.requests.put(None)
+            except DstlError as exc:
+                failed, error = held, exc
+            else:
+                for entry in held:
+                    self._send(leg, entry)
+                if self._closed:
+                    leg.requests.put(None)
         for entry in failed:
-            entry.future.set_exception(error)
+            entry.future.set_exception(error or DstlError("resend failed"))
 
     # ------------------------------------------------------------ ending
     def close(self) -> None:
         """Half-close: the sidecar answers what it has, then ends the stream."""
         with self._lock:
-            self._closing = True
+            self._closed = True
             if self._leg is not None:
                 self._leg.requests.put(None)
+                self._leg = None
 
     def cancel(self) -> None:
-        """Tear the stream down now; requests still waiting fail (SidecarUnavailable)."""
+        """Tear the current call down now; requests still waiting on it fail (unavailable)."""
         with self._lock:
-            error = SidecarUnavailable(f"the writer's stream to {self._target} was cancelled")
-            if self.broken is None:
-                self.broken = error
-            held, self._held = self._held or [], None
             legs = list(self._legs)
-        for entry in held:
-            entry.future.set_exception(self.broken or error)
         for leg in legs:
             leg.call.cancel()
 
 
 class StreamTransport(WriterCalls):
-    """A writer's calls on its own :class:`WriterStream`, opened at the first call.
+    """A writer's calls on its client's :class:`MuxStream` (see the module docs).
 
-    Called under the writer's lock (one call at a time, in call order): a
-    stream that ended is replaced by a new one at the next call. Blocking
-    calls wait for their answer up to the connection's ``timeout_s``.
+    Called under the writer's lock (one call at a time, in call order).
+    Blocking calls wait for their answer up to the connection's ``timeout_s``.
     """
 
     name = "stream"
 
-    def __init__(self, conn: Connection, log_id: str) -> None:
+    def __init__(self, conn: Connection, log_id: str, stream: MuxStream) -> None:
         super().__init__(conn, log_id)
-        self._stream: WriterStream | None = None
-
-    def _open(self) -> WriterStream:
-        """The writer's stream; a new one if it has none or it ended."""
-        stream = self._stream
-        if stream is None or stream.broken is not None:
-            stream = self._stream = WriterStream(self.conn, self.log_id)
-        return stream
+        self._stream = stream
+        self._lane = MuxLane(log_id)
 
     def _call(self, request: pb.SessionRequest) -> pb.SessionResponse:
-        return self._open().call(request, self.conn.timeout_s)
+        return self._stream.call(self._lane, request, self.conn.timeout_s)
 
     def append(self, seq: int, buffer: ChangeBuffer) -> int:
         request = pb.SessionRequest()
@@ -331,7 +342,7 @@ class StreamTransport(WriterCalls):
         persist.log_id = self.log_id
         persist.after = after
         buffer.drain_into(persist.changes)
-        answer = self._open().submit(request)
+        answer = self._stream.submit(self._lane, request)
         handle: concurrent.futures.Future[ChangelogHandle] = concurrent.futures.Future()
 
         def settle(done: concurrent.futures.Future[pb.SessionResponse]) -> None:
@@ -349,7 +360,4 @@ class StreamTransport(WriterCalls):
         self._call(request)
 
     def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()  # answers still due arrive; then it ends
-            self._stream = None
-        self.close_writer()
+        self.close_writer()  # answers still due arrive on the client's stream

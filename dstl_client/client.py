@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 
 from dstl_client._resend_gate import ResendGate
-from dstl_client._stream import StreamTransport
+from dstl_client._stream import MuxStream, StreamTransport
 from dstl_client._unary import UnaryTransport
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import ConfigError, InvalidArgument
@@ -33,7 +33,7 @@ __all__ = ["REQUEST_MARGIN_BYTES", "ChangelogClient", "ChangelogWriter"]
 DEFAULT_BATCH_BYTES = 1 << 20
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
-#: how writers send their calls: "stream" (one Session stream per writer) or "unary"
+#: how writers send their calls: "stream" (one Mux stream per client) or "unary"
 TRANSPORTS = ("stream", "unary")
 
 
@@ -53,8 +53,9 @@ class ChangelogClient:
 
     ``transport`` is how writers send ``append``, ``last_appended_sqn``,
     ``persist_durably`` and ``truncate``: ``"stream"`` (the default) on one
-    long-lived ``Session`` stream per writer, opened at its first call (a
-    fraction of a unary call's cost on the sidecar), or ``"unary"``, one RPC
+    long-lived ``Mux`` stream per client that carries every writer's calls,
+    opened at the first call (requests ready together leave in one message:
+    a fraction of a unary call's cost on the sidecar), or ``"unary"``, one RPC
     per call; then the calls that carry changes hold at most 16 MiB in
     flight per client (one request at least; one at a time while the
     sidecar's memory budget pushes them back), since the sidecar holds a
@@ -98,13 +99,15 @@ class ChangelogClient:
         #: its writers' unary calls that carry changes: a bounded window, one at a time
         #: while any is pushed back by a full memory budget (see dstl_client._resend_gate)
         self._resend_gate = ResendGate()
+        #: every writer's calls on one stream (transport "stream"), opened at the first
+        self._stream = MuxStream(self._conn)
 
     # ------------------------------------------------------------------ calls
     def _writer_transport(self, log_id: str) -> WriterTransport:
         """How a new writer's calls reach the sidecar (the ``transport`` setting)."""
         if self.transport == "unary":
             return UnaryTransport(self._conn, log_id, self._resend_gate)
-        return StreamTransport(self._conn, log_id)
+        return StreamTransport(self._conn, log_id, self._stream)
 
     def create_writer(
         self, *, job_id: str, operator_id: str, key_group_range: tuple[int, int]
@@ -210,6 +213,7 @@ class ChangelogClient:
         self._conn.wait_ready(timeout_s)
 
     def close(self) -> None:
+        self._stream.close()
         self._conn.close()
 
     def __enter__(self) -> ChangelogClient:

@@ -7,8 +7,8 @@ failed call into the typed error of :mod:`dstl_client.core.errors`.
 A writer sends its log calls (``Append``, ``LastAppendedSqn``,
 ``PersistDurably``, ``Truncate``) through a :class:`WriterTransport` that
 :class:`~dstl_client.client.ChangelogClient` builds for it and hands it:
-:class:`~dstl_client._stream.StreamTransport` (one long-lived ``Session``
-stream per writer) or :class:`~dstl_client._unary.UnaryTransport` (one RPC per
+:class:`~dstl_client._stream.StreamTransport` (every writer of the client
+on one long-lived ``Mux`` stream) or :class:`~dstl_client._unary.UnaryTransport` (one RPC per
 call). Both keep the same promises: calls are applied in the order they are
 made, a call refused for a full memory budget is sent again after
 :func:`retry_delay` (the caller only sees the delay), and an outcome arrives
@@ -55,7 +55,7 @@ class Connection:
     """One gRPC channel to a sidecar, with its credentials and per-call deadline.
 
     ``stub`` names the sidecar's methods; :meth:`call`, :meth:`call_future`,
-    :meth:`read_stream` and :meth:`open_session` make the calls with the
+    :meth:`read_stream`, :meth:`open_session` and :meth:`open_mux` make the calls with the
     connection's metadata (a bearer token) and turn failures into typed
     errors. Thread-safe (gRPC channels are); :meth:`close` ends every call.
     """
@@ -71,6 +71,7 @@ class Connection:
     ) -> None:
         self.target = target
         self.timeout_s = timeout_s
+        self.max_message_bytes = max_message_bytes
         creds, self._metadata = credentials_and_metadata(token, root_certificates)
         options = channel_options(max_message_bytes)
         if creds is None:
@@ -78,6 +79,10 @@ class Connection:
         else:
             self._channel = grpc.secure_channel(target, creds, options=options)
         self.stub = pb_grpc.ChangelogStub(self._channel)  # type: ignore[no-untyped-call]
+        # requests go out encoded by the stream (several packed into one message)
+        self._mux = self._channel.stream_stream(
+            "/dstl.v1.Changelog/Mux", response_deserializer=pb.MuxResponse.FromString
+        )
 
     def call(self, method: Any, request: Any) -> Any:
         """A unary call of ``method`` within ``timeout_s``; failures as typed errors."""
@@ -100,6 +105,11 @@ class Connection:
     def open_session(self, requests: Iterator[pb.SessionRequest]) -> Any:
         """A ``Session`` call sending ``requests`` (gRPC's call: iterate it for the answers)."""
         return self.stub.Session(requests, metadata=self._metadata)
+
+    def open_mux(self, messages: Iterator[bytes]) -> Any:
+        """A ``Mux`` call sending ``messages`` (each an encoded ``MuxRequest``); gRPC's
+        call: iterate it for the ``MuxResponse`` messages."""
+        return self._mux(messages, metadata=self._metadata)
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until the channel connects (raises SidecarUnavailable)."""

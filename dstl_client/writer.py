@@ -42,8 +42,8 @@ class ChangelogWriter:
     Appends are buffered and sent in batches (``batch_bytes``); every other
     call sends the buffer first, so the sidecar sees changes in call order.
     Calls go through the :class:`~dstl_client.transport.WriterTransport` the
-    client built for the writer: its own ``Session`` stream (opened at its
-    first call, see :mod:`dstl_client._stream`) unless the client's
+    client built for the writer: the client's ``Mux`` stream, shared by its
+    writers (opened at the first call, see :mod:`dstl_client._stream`) unless the client's
     ``transport`` is ``"unary"`` (:mod:`dstl_client._unary`); the writer calls
     it under its lock. The rules below are the same for both: a request
     waiting on a stream that ends fails as a lost unary call does.

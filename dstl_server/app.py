@@ -132,7 +132,7 @@ class DstlServer:
             options=server_options(s),
             maximum_concurrent_rpcs=s.max_concurrent_rpcs,
         )
-        register(server, self.calls, self.service, self.sessions.Session)
+        register(server, self.calls, self.service, self.sessions)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server

@@ -364,10 +364,10 @@ def register(
     server: grpc.aio.Server,
     calls: Calls,
     service: object,
-    session: Callable[..., Awaitable[None]],
+    streams: object,
 ) -> None:
-    """Add the Changelog service to ``server``: ``session`` serves ``Session``, ``service``
-    every other method (by name); requests bounded before decoding, errors typed."""
+    """Add the Changelog service to ``server``: ``streams`` serves ``Session`` and ``Mux``,
+    ``service`` every other method (by name); requests bounded before decoding, errors typed."""
     desc = pb.DESCRIPTOR.services_by_name["Changelog"]
     settings = calls.registry.settings
     budget = calls.registry.budget
@@ -386,7 +386,7 @@ def register(
             (False, True): grpc.unary_stream_rpc_method_handler,
             (True, True): grpc.stream_stream_rpc_method_handler,
         }[(method.client_streaming, method.server_streaming)]
-        handler = session if method.name == "Session" else getattr(service, method.name)
+        handler = getattr(streams if method.name in ("Session", "Mux") else service, method.name)
         handlers[method.name] = make(
             handler,
             request_deserializer=safe_deserializer(

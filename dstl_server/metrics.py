@@ -226,6 +226,25 @@ class ServerMetrics:
             "Writer sessions failed because a call carrying changes was refused",
             registry=r,
         )
+        self.stream_messages = Counter(
+            "dstl_stream_messages",
+            "Messages of writer streams (Session, Mux) by direction (in: requests, out: answers)",
+            ["direction"],
+            registry=r,
+        )
+        self.stream_requests_per_message = Histogram(
+            "dstl_stream_requests_per_message",
+            "Writer requests (in) or answers (out) one Mux stream message carries",
+            ["direction"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024),
+            registry=r,
+        )
+        self.stream_persists_per_message = Histogram(
+            "dstl_stream_persists_per_message",
+            "Persist answers one Mux answer message carries (messages with at least one)",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024),
+            registry=r,
+        )
         self.reads = Counter("dstl_read_requests", "ReadChanges calls", registry=r)
         self.read_bytes = Counter("dstl_read_bytes", "Bytes of objects read", registry=r)
         self.read_cache_hits = Counter(

@@ -9,7 +9,7 @@ This module bounds a request's work by what is on the wire, before anything
 is built:
 
 * **bytes per method** (:func:`method_limits`): calls that carry changes
-  (``Append``, ``PersistDurably``, ``Session`` messages, ``Forward``) up to
+  (``Append``, ``PersistDurably``, ``Session`` and ``Mux`` messages, ``Forward``) up to
   ``max_request_bytes``; ``ReadChanges`` (a handle) up to
   ``max_read_request_bytes``; every other call up to
   ``max_control_request_bytes`` (each capped at ``max_request_bytes``,
@@ -37,7 +37,7 @@ from dstl_client.core.errors import (
     InvalidHandle,
     RequestTooLarge,
 )
-from dstl_client.core.format import MAX_PARTS_PER_REQUEST
+from dstl_client.core.format import MAX_CALLS_PER_MESSAGE, MAX_PARTS_PER_REQUEST
 from dstl_client.core.handle import MAX_ENTRIES
 
 #: most object keys one DiscardObjects call names
@@ -51,7 +51,7 @@ MAX_FORWARD_SECTIONS = 1 << 14
 _SCALAR_FIELD_ALLOWANCE = 1024
 
 #: methods whose requests carry changes or sections: up to max_request_bytes
-DATA_METHODS = frozenset({"Append", "PersistDurably", "Session", "Forward"})
+DATA_METHODS = frozenset({"Append", "PersistDurably", "Session", "Mux", "Forward"})
 #: the method whose request carries a handle: up to max_read_request_bytes
 READ_METHOD = "ReadChanges"
 
@@ -93,13 +93,20 @@ def _parts(field_no: int, name: str) -> Shape:
 
 _APPEND = _parts(2, "AppendRequest")
 _PERSIST = _parts(3, "PersistRequest")
+_SESSION = Shape("SessionRequest", nested={2: _APPEND, 4: _PERSIST})
 _HANDLE = Shape("Handle", counted={8: Counted("handle entries", MAX_ENTRIES, InvalidHandle)})
 
 #: the request of each method with bounded lists (field numbers of proto/dstl/v1)
 SHAPES: Mapping[str, Shape] = {
     "Append": _APPEND,
     "PersistDurably": _PERSIST,
-    "Session": Shape("SessionRequest", nested={2: _APPEND, 4: _PERSIST}),
+    "Session": _SESSION,
+    # the parts of every call of a message count together (one Counted per call kind)
+    "Mux": Shape(
+        "MuxRequest",
+        counted={1: Counted("writer requests in one message", MAX_CALLS_PER_MESSAGE)},
+        nested={1: _SESSION},
+    ),
     "ReadChanges": Shape(
         "ReadChangesRequest",
         counted={2: Counted("key groups", MAX_READ_KEY_GROUPS, packed=True)},
@@ -190,10 +197,9 @@ class _Scan:
                         self._add(count, length - len(chunk.translate(None, _VARINT_ENDS)))
                     else:
                         self._add(count, 1)
-                else:
-                    inner = nested.get(field_no)
-                    if inner is not None:
-                        self.walk(data, pos, stop, inner)
+                inner = nested.get(field_no)  # a counted message may hold bounded lists too
+                if inner is not None:
+                    self.walk(data, pos, stop, inner)
                 pos = stop
             elif wire == 0:
                 _, pos = _varint(data, pos, end)

@@ -1,8 +1,8 @@
 """The ``dstl.v1.Changelog`` gRPC service: protobuf in, registry calls, protobuf out.
 
-Every method but ``Session`` (:mod:`dstl_server.session`) is here. Each call
-runs through the one call lifecycle (:mod:`dstl_server.calls`: gate, bounds,
-decode check, principal), which also maps its errors to gRPC statuses, once:
+Every method but the writer streams ``Session`` and ``Mux``
+(:mod:`dstl_server.session`) is here. Each call runs through the one call
+lifecycle (:mod:`dstl_server.calls`: gate, bounds, decode check, principal), which also maps its errors to gRPC statuses, once:
 a :class:`~dstl_client.core.errors.DstlError` becomes its ``grpc_code`` with
 its message and its ``kind`` travels in the ``dstl-error-kind`` trailer, so
 the client raises the same class; anything else is logged and INTERNAL.
@@ -77,7 +77,7 @@ async def _batched_messages(
 
 class ChangelogService:
     """gRPC adapter over one :class:`~dstl_server.registry.LogRegistry` and its blob store:
-    every method of ``dstl.v1.Changelog`` but ``Session`` (registered by name,
+    every method of ``dstl.v1.Changelog`` but ``Session`` and ``Mux`` (registered by name,
     :func:`~dstl_server.calls.register`).
 
     Every call is decoded (undecodable bytes: INVALID_ARGUMENT), authorised

@@ -71,6 +71,9 @@ CHAIN_CRC_PIECE_BYTES = 4096
 #: the sidecar's work per request stays bounded (clients send their buffer
 #: before it holds more key groups than this)
 MAX_PARTS_PER_REQUEST = 16_384
+#: most writer requests one ``Mux`` stream message may carry (a client coalesces
+#: no more; their parts together stay within :data:`MAX_PARTS_PER_REQUEST`)
+MAX_CALLS_PER_MESSAGE = 1024
 
 
 @dataclass(slots=True)

@@ -105,10 +105,18 @@ def checkpoint_phase(t: BenchTarget, writers: int) -> dict[str, Any]:
             "mean": round(sum(per_round) / len(per_round), 3),
             "max": max(per_round),
         },
+        # writer stream messages (Session or Mux) per persist, each way: 0 for unary
+        "stream_messages_per_persist": {
+            way: round(delta.total("dstl_stream_messages_total", direction=way) / srv_count, 3)
+            if srv_count
+            else 0.0
+            for way in ("in", "out")
+        },
     }
     say(
         f"[checkpoint/{writers}] persist p50 {persist['p50']:.2f} ms p99 {persist['p99']:.2f} ms"
         f" p99.9 {persist['p999']:.2f} ms; store put p50 {put['p50']:.2f} ms;"
-        f" {out['objects_per_flush']} object(s)/flush, {out['flushes_per_round']} flush(es)/round"
+        f" {out['objects_per_flush']} object(s)/flush, {out['flushes_per_round']} flush(es)/round;"
+        f" stream messages per persist {out['stream_messages_per_persist']}"
     )
     return out

@@ -5,8 +5,11 @@ request_serializer=None)`` (what ``ChangelogStub`` sends, minus the
 serializer), so well-formed, crafted and garbage requests take one path.
 A writer call marked ``stream`` travels instead as the only request of a
 new ``Session`` stream (its bytes wrapped, unchanged, in a
-``SessionRequest``); the stream's answer is turned back into what the
-unary call would have returned (a response, or a code and error kind).
+``SessionRequest``), or, marked ``mux`` too, as the first request of the
+only message of a new ``Mux`` stream, beside a request for a writer the
+sidecar does not know (answered on its own); the stream's answer is turned
+back into what the unary call would have returned (a response, or a code
+and error kind).
 :func:`invoke` and :func:`check_health` may be called from any thread with
 that thread's own channel.
 """
@@ -77,6 +80,8 @@ class Call:
     listing: str | None = None
     #: a writer call sent as the only request of a Session stream
     stream: bool = False
+    #: ... of a Mux stream's only message instead (with a request of another writer)
+    mux: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +143,10 @@ def invoke(channel: Any, call: Call, timeout_s: float = CALL_TIMEOUT_S) -> Outco
 
 #: SessionRequest field of each writer call
 SESSION_FIELDS = {"Append": 2, "LastAppendedSqn": 3, "PersistDurably": 4, "Truncate": 5}
+#: the request beside a fuzzed one on a Mux stream: a writer no sidecar knows
+_MUX_NEIGHBOUR = pb.SessionRequest(
+    id=2, last_appended_sqn=pb.LastAppendedSqnRequest(log_id="wire-fuzz-unknown-writer")
+).SerializeToString()
 
 
 def _on_session(channel: Any, call: Call, timeout_s: float, t0: float) -> Outcome:
@@ -145,10 +154,23 @@ def _on_session(channel: Any, call: Call, timeout_s: float, t0: float) -> Outcom
     # id 1, then the call's bytes as they are (length-delimited), then half-close
     raw = tag(1, 0) + varint(1) + tag(SESSION_FIELDS[call.method], 2)
     raw += varint(len(call.request)) + call.request
+    if call.mux:  # MuxRequest.calls (field 1): the fuzzed request, then its neighbour
+        raw = tag(1, 2) + varint(len(raw)) + raw
+        raw += tag(1, 2) + varint(len(_MUX_NEIGHBOUR)) + _MUX_NEIGHBOUR
     stream = channel.stream_stream(
-        SERVICE + "Session", request_serializer=None, response_deserializer=None
+        SERVICE + ("Mux" if call.mux else "Session"),
+        request_serializer=None,
+        response_deserializer=None,
     )(iter([raw]), timeout=timeout_s)
-    answers = [pb.SessionResponse.FromString(a) for a in stream]
+    if call.mux:
+        got = [a for m in stream for a in pb.MuxResponse.FromString(m).answers]
+        neighbour = [a for a in got if a.id == 2]
+        answers = [a for a in got if a.id != 2]
+        if len(neighbour) != 1 or neighbour[0].error.kind != "log_not_found":
+            elapsed = time.monotonic() - t0
+            return Outcome("UNKNOWN", None, f"the neighbour was answered {neighbour}", elapsed)
+    else:
+        answers = [pb.SessionResponse.FromString(a) for a in stream]
     elapsed = time.monotonic() - t0
     if len(answers) != 1 or answers[0].id != 1:
         ids = [a.id for a in answers]

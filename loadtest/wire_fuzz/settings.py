@@ -39,6 +39,9 @@ WRITERS_PER_WORKER = 4
 WRITER_MAX_CALLS = 150
 #: share of a chaotic writer's calls (and of garbage made of them) sent on a Session stream
 STREAM_FRACTION = 0.3
+#: of those, the share sent on a Mux stream (in one message with a second request,
+#: for a writer the sidecar does not know: answered alone) instead of a Session stream
+MUX_FRACTION = 0.5
 #: distinct violations kept with their example (the rest are only counted)
 MAX_DISTINCT_VIOLATIONS = 60
 DESC_LIMIT = 700

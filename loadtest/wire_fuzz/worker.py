@@ -22,6 +22,7 @@ from loadtest.wire_fuzz.invariants import check_call
 from loadtest.wire_fuzz.settings import (
     HEALTH_EVERY_CALLS,
     HOARD_MODES,
+    MUX_FRACTION,
     STREAM_FRACTION,
     WRITER_MAX_CALLS,
     WRITERS_PER_WORKER,
@@ -146,7 +147,8 @@ class FuzzWorker(threading.Thread):
             and self.rng.random() < STREAM_FRACTION
         ):
             call.stream = True
-            call.desc += " [on a Session stream]"
+            call.mux = self.rng.random() < MUX_FRACTION
+            call.desc += " [on a Mux stream]" if call.mux else " [on a Session stream]"
         return self._send(channel, call)
 
     def _garbage_base(self, handles: list[tuple[str, pb.Handle]]) -> Call:

@@ -90,9 +90,9 @@ async def test_interceptor_counts_and_times_real_calls(server: DstlServer, trans
     read = f"{CHANGELOG}/ReadChanges"
     assert grpc_count(server, read) == 1
     assert grpc_seconds_count(server, read) == 1
-    if transport == "stream":  # the writer's calls went on its Session stream
-        session = f"{CHANGELOG}/Session"
-        # counted once the stream ended (the writer's close ends it)
+    if transport == "stream":  # the writer's calls went on the client's Mux stream
+        session = f"{CHANGELOG}/Mux"
+        # counted once the stream ended (the client's close ends it)
         for _ in range(100):
             if grpc_seconds_count(server, session):
                 break

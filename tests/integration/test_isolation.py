@@ -169,6 +169,43 @@ def test_a_stream_cannot_reach_another_jobs_log(node: Node, who: str) -> None:
     assert [d for _, _, d in read_all(node.b, h)] == [b"more of B"]
 
 
+def test_a_mux_stream_refuses_another_jobs_writer_and_serves_its_own(node: Node) -> None:
+    """A Mux stream carries every writer of its caller's job: a request for another job's
+    writer in the same message is refused (PermissionDenied, typed, for that request
+    alone) while the caller's own writer beside it is served, in order."""
+    own = node.a.create_writer(job_id="jobA", operator_id="mux", key_group_range=(0, 3))
+    b_log = node.b_writer.log_id
+    metadata = (("authorization", f"Bearer {node.tokens['jobA']}"),)
+    channel = grpc.insecure_channel(node.proc.address)
+    stub = pb_grpc.ChangelogStub(channel)  # type: ignore[no-untyped-call]
+    mine = pb.KeyGroupChanges(key_group=1, count=1, sizes=b"\x04\x00\x00\x00", payload=b"mine")
+    theirs = pb.KeyGroupChanges(
+        key_group=1, count=1, sizes=b"\x08\x00\x00\x00", payload=b"injected"
+    )
+    message = pb.MuxRequest(
+        calls=[
+            pb.SessionRequest(id=1, append=pb.AppendRequest(log_id=own.log_id, changes=[mine])),
+            pb.SessionRequest(id=2, append=pb.AppendRequest(log_id=b_log, changes=[theirs])),
+            pb.SessionRequest(id=3, persist=pb.PersistRequest(log_id=b_log, after=0)),
+            pb.SessionRequest(id=4, persist=pb.PersistRequest(log_id=own.log_id, after=0)),
+        ]
+    )
+    try:
+        answers = [
+            a for m in stub.Mux(iter([message]), metadata=metadata, timeout=20) for a in m.answers
+        ]
+    finally:
+        channel.close()
+        own.close()
+    by_id = {a.id: a for a in answers}
+    assert sorted(by_id) == [1, 2, 3, 4]
+    for rid in (2, 3):
+        assert isinstance(error_of_answer(by_id[rid]), PermissionDenied), by_id[rid]
+    assert not by_id[1].HasField("error") and not by_id[4].HasField("error"), answers
+    handle = ChangelogHandle.from_proto(by_id[4].handle)
+    assert [d for _, _, d in read_all(node.a, handle)] == [b"mine"]
+
+
 def test_a_stream_without_a_valid_token_is_unauthenticated(node: Node) -> None:
     channel = grpc.insecure_channel(node.proc.address)
     stub = pb_grpc.ChangelogStub(channel)  # type: ignore[no-untyped-call]

@@ -23,6 +23,8 @@ from tests.integration._helpers import poll_until
 
 CAP = 8
 SESSIONS_IN_FLIGHT = 'dstl_grpc_requests_in_flight{method="dstl.v1.Changelog/Session"}'
+#: the client's writer stream (every writer of a client on one Mux stream)
+MUX_IN_FLIGHT = 'dstl_grpc_requests_in_flight{method="dstl.v1.Changelog/Mux"}'
 
 
 def idle_requests(stop: queue.SimpleQueue[None]) -> Iterator[pb.SessionRequest]:
@@ -47,7 +49,12 @@ def test_calls_past_the_cap_are_refused_and_unbound_streams_time_out(tmp_path: P
         idle = [stub.Session(idle_requests(stop)) for _ in range(CAP - 1)]
         try:
             poll_until(  # every idle stream reached the server (and the writer's)
-                lambda: proc.scrape_metrics().get(SESSIONS_IN_FLIGHT, 0) >= CAP,
+                lambda: (
+                    sum(
+                        proc.scrape_metrics().get(m, 0) for m in (SESSIONS_IN_FLIGHT, MUX_IN_FLIGHT)
+                    )
+                    >= CAP
+                ),
                 "the idle streams open at the server",
             )
             with pytest.raises(grpc.RpcError) as info:

@@ -773,8 +773,13 @@ class SessionRequest(_message.Message):
     LAST_APPENDED_SQN_FIELD_NUMBER: _builtins.int
     PERSIST_FIELD_NUMBER: _builtins.int
     TRUNCATE_FIELD_NUMBER: _builtins.int
+    RESEND_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Chosen by the client (1, 2, 3...); the response carries it back."""
+    resend: _builtins.bool
+    """Mux: the first of a writer's requests sent again after a budget_full
+    refusal (the sidecar stops refusing that writer's requests here).
+    """
     @_builtins.property
     def append(self) -> Global___AppendRequest: ...
     @_builtins.property
@@ -791,10 +796,11 @@ class SessionRequest(_message.Message):
         last_appended_sqn: Global___LastAppendedSqnRequest | None = ...,
         persist: Global___PersistRequest | None = ...,
         truncate: Global___TruncateRequest | None = ...,
+        resend: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "call", b"call", "last_appended_sqn", b"last_appended_sqn", "persist", b"persist", "truncate", b"truncate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "call", b"call", "id", b"id", "last_appended_sqn", b"last_appended_sqn", "persist", b"persist", "truncate", b"truncate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "call", b"call", "id", b"id", "last_appended_sqn", b"last_appended_sqn", "persist", b"persist", "resend", b"resend", "truncate", b"truncate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["append", "last_appended_sqn", "persist", "truncate"]  # noqa: Y015
     _WhichOneofArgType_call: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
@@ -864,3 +870,49 @@ class SessionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SessionResponse: _TypeAlias = SessionResponse  # noqa: Y015
+
+@_typing.final
+class MuxRequest(_message.Message):
+    """Requests of one or more writers on a Mux stream, applied in this order
+    (each writer's own in its call order).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionRequest]: ...
+    def __init__(
+        self,
+        *,
+        calls: _abc.Iterable[Global___SessionRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MuxRequest: _TypeAlias = MuxRequest  # noqa: Y015
+
+@_typing.final
+class MuxResponse(_message.Message):
+    """Answers on a Mux stream, by request id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionResponse]: ...
+    def __init__(
+        self,
+        *,
+        answers: _abc.Iterable[Global___SessionResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MuxResponse: _TypeAlias = MuxResponse  # noqa: Y015

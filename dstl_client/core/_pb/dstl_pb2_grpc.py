@@ -90,6 +90,11 @@ class ChangelogStub:
                 request_serializer=dstl_dot_v1_dot_dstl__pb2.SessionRequest.SerializeToString,
                 response_deserializer=dstl_dot_v1_dot_dstl__pb2.SessionResponse.FromString,
                 _registered_method=True)
+        self.Mux = channel.stream_stream(
+                '/dstl.v1.Changelog/Mux',
+                request_serializer=dstl_dot_v1_dot_dstl__pb2.MuxRequest.SerializeToString,
+                response_deserializer=dstl_dot_v1_dot_dstl__pb2.MuxResponse.FromString,
+                _registered_method=True)
 
 
 class ChangelogServicer:
@@ -171,7 +176,8 @@ class ChangelogServicer:
 
     def Session(self, request_iterator, context):
         """One writer's Append, LastAppendedSqn, PersistDurably and Truncate calls on
-        one long-lived stream (the client's default transport for them). The
+        one long-lived stream (the default transport of clients that predate Mux;
+        served for them). The
         sidecar applies a stream's requests in the order they arrive (no session
         or seq: those fields are ignored here) and answers each one, by its id: a
         persist once its handle is ready, so later requests go on meanwhile.
@@ -182,6 +188,28 @@ class ChangelogServicer:
         (writer_failed). Bytes that do not decode end the stream
         (INVALID_ARGUMENT). At most 16 persists of a stream wait for their
         handles; the sidecar reads no further request until one is answered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Mux(self, request_iterator, context):
+        """Every writer of one client process on one long-lived stream (the client's
+        default transport since it came; Session stays for older clients). A
+        message carries one or more requests, each naming its writer (its log
+        id: required) and an id unique on the stream; a message answers one or
+        more of them (every persist completed by one flush of the sidecar in one
+        message). Per writer the rules are Session's: its requests are applied in
+        the order they arrive, each is checked against the caller's job (another
+        job's writer: permission_denied, for that request only), and once a
+        request of a writer that carried changes is refused, that writer's later
+        requests are refused (writer_failed) while the other writers go on. A
+        request refused for a full memory budget (budget_full) refuses the
+        writer's later requests too, until one comes with `resend` set (the
+        client sends the refused request and the later ones again, in order).
+        At most 16 persists per writer wait for their handles; the sidecar reads
+        no further message until one is answered. Bytes that do not decode end
+        the stream (INVALID_ARGUMENT).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -244,6 +272,11 @@ def add_ChangelogServicer_to_server(servicer, server):
                     servicer.Session,
                     request_deserializer=dstl_dot_v1_dot_dstl__pb2.SessionRequest.FromString,
                     response_serializer=dstl_dot_v1_dot_dstl__pb2.SessionResponse.SerializeToString,
+            ),
+            'Mux': grpc.stream_stream_rpc_method_handler(
+                    servicer.Mux,
+                    request_deserializer=dstl_dot_v1_dot_dstl__pb2.MuxRequest.FromString,
+                    response_serializer=dstl_dot_v1_dot_dstl__pb2.MuxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -544,6 +577,33 @@ class Changelog:
             '/dstl.v1.Changelog/Session',
             dstl_dot_v1_dot_dstl__pb2.SessionRequest.SerializeToString,
             dstl_dot_v1_dot_dstl__pb2.SessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Mux(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dstl.v1.Changelog/Mux',
+            dstl_dot_v1_dot_dstl__pb2.MuxRequest.SerializeToString,
+            dstl_dot_v1_dot_dstl__pb2.MuxResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -67,7 +67,8 @@ class ChangelogStub:
     """
     Session: _grpc.StreamStreamMultiCallable[_dstl_pb2.SessionRequest, _dstl_pb2.SessionResponse]
     """One writer's Append, LastAppendedSqn, PersistDurably and Truncate calls on
-    one long-lived stream (the client's default transport for them). The
+    one long-lived stream (the default transport of clients that predate Mux;
+    served for them). The
     sidecar applies a stream's requests in the order they arrive (no session
     or seq: those fields are ignored here) and answers each one, by its id: a
     persist once its handle is ready, so later requests go on meanwhile.
@@ -78,6 +79,24 @@ class ChangelogStub:
     (writer_failed). Bytes that do not decode end the stream
     (INVALID_ARGUMENT). At most 16 persists of a stream wait for their
     handles; the sidecar reads no further request until one is answered.
+    """
+    Mux: _grpc.StreamStreamMultiCallable[_dstl_pb2.MuxRequest, _dstl_pb2.MuxResponse]
+    """Every writer of one client process on one long-lived stream (the client's
+    default transport since it came; Session stays for older clients). A
+    message carries one or more requests, each naming its writer (its log
+    id: required) and an id unique on the stream; a message answers one or
+    more of them (every persist completed by one flush of the sidecar in one
+    message). Per writer the rules are Session's: its requests are applied in
+    the order they arrive, each is checked against the caller's job (another
+    job's writer: permission_denied, for that request only), and once a
+    request of a writer that carried changes is refused, that writer's later
+    requests are refused (writer_failed) while the other writers go on. A
+    request refused for a full memory budget (budget_full) refuses the
+    writer's later requests too, until one comes with `resend` set (the
+    client sends the refused request and the later ones again, in order).
+    At most 16 persists per writer wait for their handles; the sidecar reads
+    no further message until one is answered. Bytes that do not decode end
+    the stream (INVALID_ARGUMENT).
     """
 
 @_typing.type_check_only
@@ -111,7 +130,8 @@ class ChangelogAsyncStub(ChangelogStub):
     """
     Session: _aio.StreamStreamMultiCallable[_dstl_pb2.SessionRequest, _dstl_pb2.SessionResponse]  # type: ignore[assignment]
     """One writer's Append, LastAppendedSqn, PersistDurably and Truncate calls on
-    one long-lived stream (the client's default transport for them). The
+    one long-lived stream (the default transport of clients that predate Mux;
+    served for them). The
     sidecar applies a stream's requests in the order they arrive (no session
     or seq: those fields are ignored here) and answers each one, by its id: a
     persist once its handle is ready, so later requests go on meanwhile.
@@ -122,6 +142,24 @@ class ChangelogAsyncStub(ChangelogStub):
     (writer_failed). Bytes that do not decode end the stream
     (INVALID_ARGUMENT). At most 16 persists of a stream wait for their
     handles; the sidecar reads no further request until one is answered.
+    """
+    Mux: _aio.StreamStreamMultiCallable[_dstl_pb2.MuxRequest, _dstl_pb2.MuxResponse]  # type: ignore[assignment]
+    """Every writer of one client process on one long-lived stream (the client's
+    default transport since it came; Session stays for older clients). A
+    message carries one or more requests, each naming its writer (its log
+    id: required) and an id unique on the stream; a message answers one or
+    more of them (every persist completed by one flush of the sidecar in one
+    message). Per writer the rules are Session's: its requests are applied in
+    the order they arrive, each is checked against the caller's job (another
+    job's writer: permission_denied, for that request only), and once a
+    request of a writer that carried changes is refused, that writer's later
+    requests are refused (writer_failed) while the other writers go on. A
+    request refused for a full memory budget (budget_full) refuses the
+    writer's later requests too, until one comes with `resend` set (the
+    client sends the refused request and the later ones again, in order).
+    At most 16 persists per writer wait for their handles; the sidecar reads
+    no further message until one is answered. Bytes that do not decode end
+    the stream (INVALID_ARGUMENT).
     """
 
 class ChangelogServicer(metaclass=_abc_1.ABCMeta):
@@ -218,7 +256,8 @@ class ChangelogServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_dstl_pb2.SessionResponse], _abc.AsyncIterator[_dstl_pb2.SessionResponse]]:
         """One writer's Append, LastAppendedSqn, PersistDurably and Truncate calls on
-        one long-lived stream (the client's default transport for them). The
+        one long-lived stream (the default transport of clients that predate Mux;
+        served for them). The
         sidecar applies a stream's requests in the order they arrive (no session
         or seq: those fields are ignored here) and answers each one, by its id: a
         persist once its handle is ready, so later requests go on meanwhile.
@@ -229,6 +268,30 @@ class ChangelogServicer(metaclass=_abc_1.ABCMeta):
         (writer_failed). Bytes that do not decode end the stream
         (INVALID_ARGUMENT). At most 16 persists of a stream wait for their
         handles; the sidecar reads no further request until one is answered.
+        """
+
+    @_abc_1.abstractmethod
+    def Mux(
+        self,
+        request_iterator: _MaybeAsyncIterator[_dstl_pb2.MuxRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_dstl_pb2.MuxResponse], _abc.AsyncIterator[_dstl_pb2.MuxResponse]]:
+        """Every writer of one client process on one long-lived stream (the client's
+        default transport since it came; Session stays for older clients). A
+        message carries one or more requests, each naming its writer (its log
+        id: required) and an id unique on the stream; a message answers one or
+        more of them (every persist completed by one flush of the sidecar in one
+        message). Per writer the rules are Session's: its requests are applied in
+        the order they arrive, each is checked against the caller's job (another
+        job's writer: permission_denied, for that request only), and once a
+        request of a writer that carried changes is refused, that writer's later
+        requests are refused (writer_failed) while the other writers go on. A
+        request refused for a full memory budget (budget_full) refuses the
+        writer's later requests too, until one comes with `resend` set (the
+        client sends the refused request and the later ones again, in order).
+        At most 16 persists per writer wait for their handles; the sidecar reads
+        no further message until one is answered. Bytes that do not decode end
+        the stream (INVALID_ARGUMENT).
         """
 
 def add_ChangelogServicer_to_server(servicer: ChangelogServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
