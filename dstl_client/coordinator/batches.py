@@ -114,18 +114,29 @@ class MatRound:
     bytes: int = 0
 
 
+def tail_share(record: CheckpointRecord) -> float:
+    """The changelog a restore from ``record`` replays, as a share of what it loads.
+
+    Both in stored bytes: the record's segments over its parts (``inf`` with
+    a tail and nothing materialized yet; 0 without a tail).
+    """
+    tail = sum(seg.handle.stored_bytes for seg in record.segments)
+    if tail == 0:
+        return 0.0
+    base = sum(h.stored_bytes for h in record.parts.values())
+    return tail / base if base > 0 else float("inf")
+
+
 def tail_outgrew(record: CheckpointRecord | None, ratio: float) -> bool:
     """Whether ``record``'s changelog tail is over ``ratio`` times its materialized state.
 
-    Both in stored bytes: the segments a restore from the record replays
-    against the parts it loads. ``ratio`` 0 (the default): never. With no
-    materialization yet, any tail is over.
+    Both in stored bytes (:func:`tail_share`): the segments a restore from the
+    record replays against the parts it loads. ``ratio`` 0: never (by time
+    only). With no materialization yet, any tail is over.
     """
     if record is None or ratio <= 0 or not record.segments:
         return False
-    tail = sum(seg.handle.stored_bytes for seg in record.segments)
-    base = sum(h.stored_bytes for h in record.parts.values())
-    return tail > ratio * base
+    return tail_share(record) > ratio
 
 
 class MaterializationSchedule:
