@@ -71,6 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="materialize_tail_ratio of one more job each, e.g. 0.05,0.1,0.2,0.3,0.5 (default;"
         " the job options' default ratio is always run)",
     )
+    parser.add_argument(
+        "--tail-min-bytes",
+        type=int,
+        help=f"materialize_tail_min_bytes of those jobs (the default, {d.tail_min_bytes:,})",
+    )
     parser.add_argument("--skip-spark", action="store_true", help="no Spark RocksDB job (c)")
     parser.add_argument("--report-dir", type=Path, default=DEFAULT_REPORT_DIR)
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: temp)")
@@ -87,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "driver_memory": ns.driver_memory,
         "read_cache_bytes": ns.read_cache_bytes,
         "tail_ratios": ns.tail_ratios,
+        "tail_min_bytes": ns.tail_min_bytes,
     }
     cfg = replace(
         d, spark=not ns.skip_spark, **{k: v for k, v in overrides.items() if v is not None}
@@ -96,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{', '.join(positive)} must be positive")
     if cfg.read_cache_bytes is not None and cfg.read_cache_bytes < 0:
         parser.error("--read-cache-bytes must be >= 0")
+    if cfg.tail_min_bytes < 0:
+        parser.error("--tail-min-bytes must be >= 0")
     if cfg.value_bytes < 8:
         parser.error("--value-bytes must be >= 8")
     if not 0 < cfg.update_fraction <= 1:

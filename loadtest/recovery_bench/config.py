@@ -15,8 +15,9 @@ GOAL_TAIL_RATIO = 1.2
 GOAL_MAT_MB_S = 200.0
 #: goal: with the default settings, restore at these tails at most GOAL_TAIL_RATIO x full
 GOAL_DEFAULT_TAILS = (10, 100)
-#: the job options' default ``materialize_tail_ratio`` (defined there, read here)
+#: the job options' defaults of the tail bound (defined there, read here)
 DEFAULT_TAIL_RATIO = CheckpointSettings().materialize_tail_ratio
+DEFAULT_TAIL_MIN_BYTES = CheckpointSettings().materialize_tail_min_bytes
 #: the sweep of ``materialize_tail_ratio`` (0, by time only, is the run without a ratio)
 SWEEP_TAIL_RATIOS = (0.05, 0.1, 0.2, 0.3, 0.5)
 #: the sizes the issue asks for (run them with --keys)
@@ -56,6 +57,9 @@ class BenchConfig:
     #: parallelism): the curve of restore time and upload volume against the ratio
     #: (the default ratio is always among them: the goal is judged on it)
     tail_ratios: tuple[float, ...] = SWEEP_TAIL_RATIOS
+    #: ``materialize_tail_min_bytes`` of the sweep's jobs (a tiny state needs 0 to
+    #: see the ratio at work)
+    tail_min_bytes: int = DEFAULT_TAIL_MIN_BYTES
 
     @property
     def sweep(self) -> tuple[float, ...]:

@@ -142,6 +142,7 @@ def run_dstl_job(
         # materialization (tail 0), and the upload is timed inside the batch
         materialization_wait_s=600.0,
         materialize_tail_ratio=tail_ratio,
+        materialize_tail_min_bytes=cfg.tail_min_bytes,
     )
     coord = CheckpointCoordinator(config)
     coord.start()
@@ -214,7 +215,7 @@ def run_dstl_job(
             if r in cfg.tails:
                 log(f"dstl job: {r} update checkpoints since the materialization")
                 at_record("tail", r, latest())
-            if not worst_seen and tail_outgrew(latest(), tail_ratio):
+            if not worst_seen and tail_outgrew(latest(), tail_ratio, cfg.tail_min_bytes):
                 worst_seen = True
                 log(f"dstl job: the tail after round {r} outgrew {tail_ratio:g} of the state")
                 at_record("worst", r, latest())

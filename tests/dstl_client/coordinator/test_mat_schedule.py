@@ -238,6 +238,12 @@ def test_the_tail_trigger_weighs_the_replayed_changelog_against_the_materialized
     assert not tail_outgrew(record([1000], []), 0.5)  # no tail
 
 
+def test_a_tail_under_the_floor_starts_nothing_whatever_its_share() -> None:
+    assert not tail_outgrew(record([], [999]), 0.5, min_bytes=1000)
+    assert tail_outgrew(record([], [600, 400]), 0.5, min_bytes=1000)
+    assert not tail_outgrew(record([10], [50, 49]), 0.5, min_bytes=1000)  # 10x the state
+
+
 def test_the_tail_share_is_the_replayed_bytes_over_the_loaded_bytes() -> None:
     assert tail_share(record([600, 400], [300, 200])) == pytest.approx(0.5)
     assert tail_share(record([1000], [])) == 0.0  # no tail
