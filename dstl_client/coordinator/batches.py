@@ -3,8 +3,8 @@
 Materialization is time-driven: when ``materialize_interval_s`` has passed
 since the last one completed (or, with ``materialize_tail_ratio``, once the
 changelog a restore would replay outgrew that share of the materialized
-state and ``materialize_tail_min_bytes``: :func:`tail_outgrew`), the next plan starts a round, which runs in the
-background across batches (see :class:`MaterializationSchedule`; at most one
+state and ``materialize_tail_min_bytes``: :func:`tail_outgrew`), the next
+plan starts a round, which runs in the background across batches (see :class:`MaterializationSchedule`; at most one
 at a time). A round that failed in some subtask counts as a failure; after
 ``max_materialization_failures`` in a row the job stops with
 :class:`MaterializationFailed` (after the batch's checkpoint was recorded: it
