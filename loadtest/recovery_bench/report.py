@@ -89,18 +89,6 @@ def sweep_points(cfg: BenchConfig, dstl: DstlResult) -> list[RatioPoint]:
     return points
 
 
-def reference_s(cfg: BenchConfig, dstl: DstlResult) -> float:
-    """The sweep's reference: the fastest whole-job restore of the state as a full snapshot.
-
-    Every such restore in the run (tail 0 and the full snapshot of the job above,
-    each sweep job's full snapshot) loads the same rows and bytes; on shared cores
-    the best of them is the least disturbed, so the quotients against it err high.
-    """
-    p = goal_parallelism(cfg)
-    fulls = [r.job[p].seconds for r in dstl.restores if r.kind == "full" or r.tail == 0]
-    return min((*fulls, *(pt.full_s for pt in dstl.sweep)), default=float("nan"))
-
-
 def _x(ratio: float) -> str:
     return f"{ratio:g}" if ratio > 0 else "off"
 
@@ -108,7 +96,6 @@ def _x(ratio: float) -> str:
 def sweep_table(cfg: BenchConfig, dstl: DstlResult) -> str:
     """Per ratio: restore / full snapshot at each tail and at the longest, upload per checkpoint."""
     points = sweep_points(cfg, dstl)
-    ref = reference_s(cfg, dstl)
     if not points:
         return ""
     off = points[0].job.upload_per_checkpoint(cfg.max_tail) if points[0].ratio == 0 else None
@@ -121,9 +108,9 @@ def sweep_table(cfg: BenchConfig, dstl: DstlResult) -> str:
         "| ---: | " + "---: | " * len(rounds) + "---: | ---: | ---: | ---: | ---: |",
     ]
     for pt in points:
-        cells = [f"{pt.at[t].seconds / ref:.2f}x" if t in pt.at else "" for t in rounds]
+        cells = [f"{pt.at[t].seconds / pt.full_s:.2f}x" if t in pt.at else "" for t in rounds]
         w = pt.worst
-        worst = f"{w.seconds / ref:.2f}x ({w.round}, {w.share:.2f})" if w else "n/a"
+        worst = f"{w.seconds / pt.full_s:.2f}x ({w.round}, {w.share:.2f})" if w else "n/a"
         up = pt.job.upload_per_checkpoint(cfg.max_tail)
         vs = f"{up / off:.1f}x" if off else ""
         mark = " (default)" if pt.ratio == DEFAULT_TAIL_RATIO else ""
@@ -137,12 +124,11 @@ def sweep_table(cfg: BenchConfig, dstl: DstlResult) -> str:
 def sweep_series(cfg: BenchConfig, dstl: DstlResult) -> tuple[list[Series], list[Series]]:
     """The sweep's plot: restore / full (longest tail, each round) and MB per checkpoint."""
     points = sweep_points(cfg, dstl)
-    ref = reference_s(cfg, dstl)
     restore = [
         Series(
             "longest tail the ratio allows",
             tuple(pt.ratio for pt in points if pt.worst),
-            tuple(pt.worst.seconds / ref for pt in points if pt.worst),
+            tuple(pt.worst.seconds / pt.full_s for pt in points if pt.worst),
         )
     ]
     for t in sorted({t for pt in points for t in pt.at}):
@@ -150,7 +136,7 @@ def sweep_series(cfg: BenchConfig, dstl: DstlResult) -> tuple[list[Series], list
             Series(
                 f"after round {t}",
                 tuple(pt.ratio for pt in points if t in pt.at),
-                tuple(pt.at[t].seconds / ref for pt in points if t in pt.at),
+                tuple(pt.at[t].seconds / pt.full_s for pt in points if t in pt.at),
             )
         )
     upload = [
@@ -169,8 +155,7 @@ def default_goal(cfg: BenchConfig, dstl: DstlResult) -> tuple[bool, str] | None:
     pt = next((x for x in points if x.ratio == DEFAULT_TAIL_RATIO), None)
     if pt is None or not pt.at:
         return None
-    ref = reference_s(cfg, dstl)
-    quotients = {t: r.seconds / ref for t, r in sorted(pt.at.items())}
+    quotients = {t: r.seconds / pt.full_s for t, r in sorted(pt.at.items())}
     off = points[0] if points[0].ratio == 0 else None
     up = pt.job.upload_per_checkpoint(cfg.max_tail)
     extra = ""
@@ -183,7 +168,7 @@ def default_goal(cfg: BenchConfig, dstl: DstlResult) -> tuple[bool, str] | None:
         )
     worst = (
         f"; the longest tail it allows ({pt.worst.share:.2f} of the state, round "
-        f"{pt.worst.round}): {pt.worst.seconds / ref:.2f}x"
+        f"{pt.worst.round}): {pt.worst.seconds / pt.full_s:.2f}x"
         if pt.worst is not None and pt is not off
         else ""
     )
@@ -193,7 +178,7 @@ def default_goal(cfg: BenchConfig, dstl: DstlResult) -> tuple[bool, str] | None:
         + ", ".join(
             f"after a changelog tail of {t} checkpoints: {q:.2f}x" for t, q in quotients.items()
         )
-        + f" the fastest full-snapshot restore of the run ({ref:.2f} s), whole job at p={goal_parallelism(cfg)} "
+        + f" the full-snapshot restore ({pt.full_s:.2f} s), whole job at p={goal_parallelism(cfg)} "
         f"(goal <= {GOAL_TAIL_RATIO:g}x){worst}{extra}",
     )
 
@@ -423,10 +408,8 @@ def write_report(
             f"whole at p={goal_parallelism(cfg)} (best of {cfg.repeat}) after rounds "
             f"{', '.join(str(t) for t in cfg.tails if t > 0)} and from the first record whose "
             "tail outgrew the ratio (the longest tail it lets a restore replay; share: the "
-            "tail's stored bytes over the materialized parts'), each against the fastest "
-            "whole-job restore of the same state as a full snapshot in this run (every job's "
-            "full snapshot and tail 0 load the same rows; the best of them is the least "
-            "disturbed by the shared cores, so the quotients err high); and the stored bytes the update rounds "
+            "tail's stored bytes over the materialized parts'), each against the full snapshot "
+            "of its own state after the last round; and the stored bytes the update rounds "
             "uploaded (changelog and the materializations the ratio started) per checkpoint.",
             "",
             f"![restore and upload against the tail ratio]({sweep_png.name})"
