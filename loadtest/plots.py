@@ -257,6 +257,53 @@ def draw_restore_vs_tail(curves: Sequence[RestoreCurve], path: Path, title: str 
         plt.close(fig)
 
 
+def draw_tail_ratio_sweep(
+    restore: Sequence[Series],
+    upload: Sequence[Series],
+    path: Path,
+    title: str = "",
+    *,
+    goal: float | None = None,
+    chosen: float | None = None,
+) -> Path:
+    """What a materialization tail ratio costs and buys, in two panels of one PNG:
+    (a) restore time over the full snapshot's (``restore``: ``xs`` ratios, ``ys``
+    the quotient), with ``goal`` as a dashed line; (b) uploaded MB per checkpoint
+    (``upload``). A ratio of 0 is "off" (materialization by time only); ``chosen``
+    (the default) is a dotted vertical line in both. Returns ``path``.
+    """
+    _require(restore, "restore series")
+    _require(upload, "upload series")
+    for s in (*restore, *upload):
+        _finite(s.xs, f"series {s.label!r}")
+        _finite(s.ys, f"series {s.label!r}")
+    ratios = sorted({x for s in (*restore, *upload) for x in s.xs})
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(FIGSIZE[0] * 1.5, FIGSIZE[1]))
+    try:
+        for ax, series in ((ax1, restore), (ax2, upload)):
+            for s in series:
+                ax.plot(s.xs, s.ys, marker="o", label=s.label)
+            if chosen is not None:
+                ax.axvline(chosen, color="grey", linestyle=":", label=f"default {chosen:g}")
+            ax.set_xticks(ratios, [f"{x:g}" if x > 0 else "off" for x in ratios])
+            ax.set_xlabel("materialize_tail_ratio (replayed / materialized stored bytes)")
+            ax.grid(True, alpha=0.3)
+        if goal is not None:
+            ax1.axhline(goal, color="red", linestyle="--", linewidth=1, label=f"goal {goal:g}x")
+        ax1.set_ylim(0, max(max(s.ys) for s in restore) * 1.15)
+        ax1.set_ylabel("restore time / full snapshot's")
+        ax1.set_title("(a) restore")
+        ax2.set_ylim(0, max(max(s.ys) for s in upload) * 1.15)
+        ax2.set_ylabel("uploaded MB per checkpoint (changelog + materializations)")
+        ax2.set_title("(b) upload")
+        for ax in (ax1, ax2):
+            ax.legend(fontsize="small")
+        return _save(fig, path, title)
+    finally:
+        plt.close(fig)
+
+
 def draw_batch_time_by_engine(
     engines: Sequence[EngineBatches], path: Path, title: str = ""
 ) -> Path:

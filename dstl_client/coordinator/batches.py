@@ -3,8 +3,8 @@
 Materialization is time-driven: when ``materialize_interval_s`` has passed
 since the last one completed (or, with ``materialize_tail_ratio``, once the
 changelog a restore would replay outgrew that share of the materialized
-state: :func:`tail_outgrew`), the next plan starts a round, which runs in the
-background across batches (see :class:`MaterializationSchedule`; at most one
+state and ``materialize_tail_min_bytes``: :func:`tail_outgrew`), the next
+plan starts a round, which runs in the background across batches (see :class:`MaterializationSchedule`; at most one
 at a time). A round that failed in some subtask counts as a failure; after
 ``max_materialization_failures`` in a row the job stops with
 :class:`MaterializationFailed` (after the batch's checkpoint was recorded: it
@@ -114,18 +114,40 @@ class MatRound:
     bytes: int = 0
 
 
-def tail_outgrew(record: CheckpointRecord | None, ratio: float) -> bool:
+def tail_bytes(record: CheckpointRecord) -> int:
+    """The stored bytes of the changelog a restore from ``record`` replays (its segments)."""
+    return sum(seg.handle.stored_bytes for seg in record.segments)
+
+
+def tail_share(record: CheckpointRecord) -> float:
+    """The changelog a restore from ``record`` replays, as a share of what it loads.
+
+    Both in stored bytes: the record's segments over its parts (``inf`` with
+    a tail and nothing materialized yet; 0 without a tail).
+    """
+    tail = tail_bytes(record)
+    if tail == 0:
+        return 0.0
+    base = sum(h.stored_bytes for h in record.parts.values())
+    return tail / base if base > 0 else float("inf")
+
+
+def tail_outgrew(record: CheckpointRecord | None, ratio: float, min_bytes: int = 0) -> bool:
     """Whether ``record``'s changelog tail is over ``ratio`` times its materialized state.
 
-    Both in stored bytes: the segments a restore from the record replays
-    against the parts it loads. ``ratio`` 0 (the default): never. With no
-    materialization yet, any tail is over.
+    Both in stored bytes (:func:`tail_share`): the segments a restore from the
+    record replays against the parts it loads. ``ratio`` 0: never (by time
+    only); a tail under ``min_bytes``: not yet. With no materialization yet,
+    any tail (of ``min_bytes`` or more) is over.
     """
     if record is None or ratio <= 0 or not record.segments:
         return False
-    tail = sum(seg.handle.stored_bytes for seg in record.segments)
-    base = sum(h.stored_bytes for h in record.parts.values())
-    return tail > ratio * base
+    return tail_bytes(record) >= min_bytes and tail_share(record) > ratio
+
+
+def tail_due(record: CheckpointRecord | None, config: CoordinatorConfig) -> bool:
+    """:func:`tail_outgrew` with the job's ``materialize_tail_ratio`` and ``_min_bytes``."""
+    return tail_outgrew(record, config.materialize_tail_ratio, config.materialize_tail_min_bytes)
 
 
 class MaterializationSchedule:

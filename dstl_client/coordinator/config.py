@@ -130,8 +130,14 @@ class CheckpointSettings:
     #: also start a materialization as soon as the changelog a restore would replay
     #: (stored bytes of the record's segments) exceeds this fraction of the
     #: materialized state (stored bytes of its parts): bounds restore time whatever
-    #: the update rate, at the cost of uploading the state more often (0: by time only)
-    materialize_tail_ratio: float = 0.0
+    #: the update rate, at the cost of uploading the state more often (0: by time
+    #: only; the default, chosen from the curve of ``make bench-recovery`` in
+    #: docs/benchmarks.md, keeps a restore within 1.2x a full snapshot's)
+    materialize_tail_ratio: float = 0.1
+    #: the tail ratio starts a materialization only once that changelog is at least
+    #: this many stored bytes: a smaller tail costs a restore little, and materializing
+    #: a small state every few batches would only add requests (0: any tail)
+    materialize_tail_min_bytes: int = 1 << 20
     #: a materialization runs in the background across batches; a task that started one
     #: waits this long for it before leaving it running (0: it never holds a batch)
     materialization_wait_s: float = 0.0
@@ -191,6 +197,8 @@ class CheckpointSettings:
             raise ConfigError("materialize_interval_s must be >= 0")
         if not 0 <= self.materialize_tail_ratio < float("inf"):
             raise ConfigError("materialize_tail_ratio must be a finite number >= 0")
+        if self.materialize_tail_min_bytes < 0:
+            raise ConfigError("materialize_tail_min_bytes must be >= 0")
         if not 0 <= self.checkpoint_interval_s < float("inf"):
             raise ConfigError("checkpoint_interval_s must be a finite number >= 0")
         if self.tolerable_failed_checkpoints < 0:

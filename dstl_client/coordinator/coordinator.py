@@ -50,7 +50,7 @@ from dstl_client.coordinator.batches import (
     MaterializationSchedule,
     check_results,
     make_plan,
-    tail_outgrew,
+    tail_due,
 )
 from dstl_client.coordinator.cleanup import OrphanSweeper
 from dstl_client.coordinator.config import CoordinatorConfig
@@ -326,7 +326,7 @@ class CheckpointCoordinator:
                 parallelism,
                 cfg.materialize_interval_s,
                 cfg.materialization_timeout_s,
-                tail_due=tail_outgrew(latest, cfg.materialize_tail_ratio),
+                tail_due=tail_due(latest, cfg),
             )
             plan = make_plan(
                 cfg,

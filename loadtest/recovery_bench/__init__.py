@@ -12,8 +12,14 @@ share of the keys) restored three ways:
 (c) Spark's RocksDB state store with changelog checkpointing restoring the
     same job (its state store load time after a restart).
 
+Then (d) the sweep: the job once more for each ``materialize_tail_ratio``
+(``--tail-ratios``, the job options' default always among them), restored
+after the same rounds and from the longest tail the ratio allows, with the
+bytes each uploads per checkpoint: one PNG of both against the ratio.
+
 Also the materialization's throughput through one node. Goals: restore with
-a tail of 100 at most 1.2x the full-snapshot restore and no slower than
+the default settings at most 1.2x the full-snapshot restore after tails of
+10 and 100 (and the extra upload it costs); the longest tail no slower than
 Spark's; materialization >= 200 MB/s. A Markdown report goes to
 ``loadtest/reports/recovery-<UTC time>.md``.
 

@@ -29,6 +29,16 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
 
 
+def _ratios(text: str) -> tuple[float, ...]:
+    try:
+        ratios = tuple(sorted({float(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers") from None
+    if any(not 0 < r < float("inf") for r in ratios):
+        raise argparse.ArgumentTypeError(f"{text!r}: ratios must be finite and > 0")
+    return ratios
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     d = BenchConfig()
     parser = argparse.ArgumentParser(
@@ -55,6 +65,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the sidecar's read cache (server default; 0: every read from S3, as on another"
         " node than the writer's)",
     )
+    parser.add_argument(
+        "--tail-ratios",
+        type=_ratios,
+        help="materialize_tail_ratio of one more job each, e.g. 0.05,0.1,0.2,0.3,0.5 (default;"
+        " the job options' default ratio is always run)",
+    )
+    parser.add_argument(
+        "--tail-min-bytes",
+        type=int,
+        help=f"materialize_tail_min_bytes of those jobs (the default, {d.tail_min_bytes:,})",
+    )
     parser.add_argument("--skip-spark", action="store_true", help="no Spark RocksDB job (c)")
     parser.add_argument("--report-dir", type=Path, default=DEFAULT_REPORT_DIR)
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: temp)")
@@ -70,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "repeat": ns.repeat,
         "driver_memory": ns.driver_memory,
         "read_cache_bytes": ns.read_cache_bytes,
+        "tail_ratios": ns.tail_ratios,
+        "tail_min_bytes": ns.tail_min_bytes,
     }
     cfg = replace(
         d, spark=not ns.skip_spark, **{k: v for k, v in overrides.items() if v is not None}
@@ -79,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{', '.join(positive)} must be positive")
     if cfg.read_cache_bytes is not None and cfg.read_cache_bytes < 0:
         parser.error("--read-cache-bytes must be >= 0")
+    if cfg.tail_min_bytes < 0:
+        parser.error("--tail-min-bytes must be >= 0")
     if cfg.value_bytes < 8:
         parser.error("--value-bytes must be >= 8")
     if not 0 < cfg.update_fraction <= 1:
@@ -100,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mat_table,
         restore_table,
         spark_table,
+        sweep_table,
         write_report,
     )
     from loadtest.recovery_bench.runner import run_dstl
@@ -123,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = write_report(ns.report_dir, cfg, dstl, spark, time.perf_counter() - t0, load, command)
     print("\nRestore (dstl)\n" + restore_table(cfg, dstl))
     print("Materialization (dstl)\n" + mat_table(dstl))
+    if dstl.sweep:
+        print("Tail ratio (dstl)\n" + sweep_table(cfg, dstl))
     if spark is not None:
         print("Spark RocksDB\n" + spark_table(spark))
     for ok, line in goals(cfg, dstl, spark):

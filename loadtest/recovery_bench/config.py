@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dstl_client.coordinator.config import CheckpointSettings
 from loadtest.mat_bench import goal_mb_s
 
 DEFAULT_REPORT_DIR = Path(__file__).resolve().parents[1] / "reports"
@@ -14,6 +15,13 @@ GOAL_TAIL_RATIO = 1.2
 #: goal: materialization through one node, MB/s (10^6 bytes of stored object per second):
 #: this machine's, as ``make bench-mat`` judges it (150 on 2 cores, 200 on 16)
 GOAL_MAT_MB_S = goal_mb_s()
+#: goal: with the default settings, restore at these tails at most GOAL_TAIL_RATIO x full
+GOAL_DEFAULT_TAILS = (10, 100)
+#: the job options' defaults of the tail bound (defined there, read here)
+DEFAULT_TAIL_RATIO = CheckpointSettings().materialize_tail_ratio
+DEFAULT_TAIL_MIN_BYTES = CheckpointSettings().materialize_tail_min_bytes
+#: the sweep of ``materialize_tail_ratio`` (0, by time only, is the run without a ratio)
+SWEEP_TAIL_RATIOS = (0.05, 0.1, 0.2, 0.3, 0.5)
 #: the sizes the issue asks for (run them with --keys)
 ISSUE_KEYS = (1_000_000, 10_000_000)
 
@@ -47,6 +55,18 @@ class BenchConfig:
     #: through the sidecar that wrote the changelog: with the cache they measure a
     #: restore on the writing node, with 0 one on another node (every read from S3)
     read_cache_bytes: int | None = None
+    #: ``materialize_tail_ratio`` of one more job each (restored at the goal's
+    #: parallelism): the curve of restore time and upload volume against the ratio
+    #: (the default ratio is always among them: the goal is judged on it)
+    tail_ratios: tuple[float, ...] = SWEEP_TAIL_RATIOS
+    #: ``materialize_tail_min_bytes`` of the sweep's jobs (a tiny state needs 0 to
+    #: see the ratio at work)
+    tail_min_bytes: int = DEFAULT_TAIL_MIN_BYTES
+
+    @property
+    def sweep(self) -> tuple[float, ...]:
+        """The ratios run as jobs of their own: ``tail_ratios`` and the default, ascending."""
+        return tuple(sorted({r for r in (*self.tail_ratios, DEFAULT_TAIL_RATIO) if r > 0}))
 
     @property
     def max_tail(self) -> int:

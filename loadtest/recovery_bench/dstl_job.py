@@ -11,13 +11,23 @@ S3 server:
    a full snapshot and a changelog tail of 0 checkpoints;
 3. update rounds 1..T, one batch each (``update_fraction`` of the keys): the
    record after round ``t`` has the materialization plus a tail of ``t``
-   checkpoints;
+   checkpoints — unless the job runs with a ``materialize_tail_ratio``
+   (``tail_ratio`` > 0), whose coordinator starts materializations of its
+   own as the tail outgrows that share of the state: then the record after
+   round ``t`` replays only the checkpoints since the last of them, and the
+   first record whose tail outgrew the ratio (the longest tail the ratio
+   lets a restore replay) is handed over too, as kind ``"worst"``;
 4. an empty batch materializes again: its record is a full snapshot of the
    same state as the record after round T (the baseline (b)).
 
 At each of these records :func:`run_dstl_job` hands the record to the
 caller's ``at_record`` (which restores from it) before the job goes on, so
 every object the record names is still retained.
+
+A materializing batch waits for its uploads (``materialization_wait_s``), so
+a round started by the tail ratio lands in the record of the batch that
+started it: the tails measured are the ratio's bound exactly (a job with the
+default wait of 0 also replays the checkpoints taken while the upload runs).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from pathlib import Path
 
 from dstl_client.checkpoint.messages import BatchPlan, TaskResult
 from dstl_client.checkpoint.records import CheckpointRecord
+from dstl_client.coordinator.batches import tail_outgrew
 from dstl_client.coordinator.config import CoordinatorConfig
 from dstl_client.coordinator.coordinator import CheckpointCoordinator
 from loadtest.recovery_bench.config import BenchConfig
@@ -88,10 +99,21 @@ class JobFigures:
     batches: int
     materializations: tuple[Materialization, ...]
     logged_bytes: int
+    #: stored bytes the update rounds uploaded: their changelog, and the
+    #: materializations the tail ratio started among them
+    update_log_bytes: int = 0
+    update_mat_bytes: int = 0
+    update_mats: int = 0
+
+    def upload_per_checkpoint(self, rounds: int) -> float:
+        """Stored bytes uploaded per update checkpoint (changelog and materializations)."""
+        return (self.update_log_bytes + self.update_mat_bytes) / max(rounds, 1)
 
 
 AtRecord = Callable[[str, int, CheckpointRecord], None]
-"""``at_record(kind, tail, record)``: kind ``"tail"`` (materialization + tail) or ``"full"``."""
+"""``at_record(kind, round, record)``: kind ``"tail"`` (the record after update
+round ``round``), ``"worst"`` (the first whose tail outgrew the job's tail
+ratio) or ``"full"`` (the state after the last round, as a full snapshot)."""
 
 
 def run_dstl_job(
@@ -100,11 +122,15 @@ def run_dstl_job(
     address: str,
     at_record: AtRecord,
     log: Callable[[str], None] = print,
+    *,
+    tail_ratio: float = 0.0,
+    job_id: str = JOB_ID,
 ) -> JobFigures:
+    """Build the state on the DSTL (``tail_ratio``: the job's ``materialize_tail_ratio``)."""
     p = cfg.job_parallelism
     owner = subtask_of_ids(cfg.keys, p, cfg.max_parallelism)
     config = CoordinatorConfig(
-        job_id=JOB_ID,
+        job_id=job_id,
         checkpoint_dir=str(work / "ckpt"),
         max_parallelism=cfg.max_parallelism,
         retain=2,
@@ -115,21 +141,28 @@ def run_dstl_job(
         # a materializing batch waits for its uploads: the record after it holds the
         # materialization (tail 0), and the upload is timed inside the batch
         materialization_wait_s=600.0,
+        materialize_tail_ratio=tail_ratio,
+        materialize_tail_min_bytes=cfg.tail_min_bytes,
     )
     coord = CheckpointCoordinator(config)
     coord.start()
     batch = 0
     logged = 0
+    updating = False  # the update rounds: their uploads are counted
+    update_log = update_mat = update_mats = 0
     mats: list[Materialization] = []
     pool = ProcessPoolExecutor(max_workers=p, mp_context=get_context("spawn"))
     try:
 
         def run_batch(ids: list[int], round_no: int, materialize: bool = False) -> None:
-            nonlocal batch, logged
+            """One batch; ``materialize``: ask for a round (else only the tail ratio starts one)."""
+            nonlocal batch, logged, update_log, update_mat, update_mats
             coord.set_materialize_interval(0.0 if materialize else NEVER_S)
             plan = coord.plan_batch(batch, p)
-            if plan is None or plan.materialize != materialize:
+            if plan is None or plan.materialize < materialize:
                 raise RuntimeError(f"batch {batch}: unexpected plan {plan}")
+            if plan.materialize and not materialize and tail_ratio <= 0:
+                raise RuntimeError(f"batch {batch}: a materialization nobody asked for")
             per = [[i for i in ids if owner[i] == s] for s in range(p)] if ids else [[]] * p
             t0 = time.perf_counter()
             futures = [
@@ -142,7 +175,11 @@ def run_dstl_job(
                 raise RuntimeError(f"materialization of batch {batch} failed: {errors[0]}")
             coord.complete_batch(plan, results)
             logged += sum(r.stats.logged_bytes for r in results)
-            if materialize:
+            if updating:
+                update_log += sum(r.changelog.stored_bytes for r in results if r.changelog)
+                update_mat += sum(r.stats.mat_bytes for r in results)
+                update_mats += plan.materialize
+            if plan.materialize:
                 mats.append(
                     Materialization(
                         batch,
@@ -172,11 +209,17 @@ def run_dstl_job(
         if 0 in cfg.tails:
             at_record("tail", 0, latest())
         t1 = time.perf_counter()
+        updating, worst_seen = True, False
         for r in range(1, cfg.max_tail + 1):
             run_batch(update_ids(cfg.keys, cfg.update_fraction, r, cfg.seed), r)
             if r in cfg.tails:
                 log(f"dstl job: {r} update checkpoints since the materialization")
                 at_record("tail", r, latest())
+            if not worst_seen and tail_outgrew(latest(), tail_ratio, cfg.tail_min_bytes):
+                worst_seen = True
+                log(f"dstl job: the tail after round {r} outgrew {tail_ratio:g} of the state")
+                at_record("worst", r, latest())
+        updating = False
         update_s = time.perf_counter() - t1
         run_batch([], cfg.max_tail, materialize=True)
         m = mats[-1]
@@ -190,4 +233,6 @@ def run_dstl_job(
         pool.shutdown(wait=True, cancel_futures=True)
         coord.close_writers()
         coord.close()
-    return JobFigures(load_s, update_s, batch, tuple(mats), logged)
+    return JobFigures(
+        load_s, update_s, batch, tuple(mats), logged, update_log, update_mat, update_mats
+    )

@@ -9,21 +9,29 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
-from loadtest.plots import RestoreCurve, attempt, curves_to_json, draw_restore_vs_tail
+from loadtest.plots import (
+    RestoreCurve,
+    Series,
+    attempt,
+    curves_to_json,
+    draw_restore_vs_tail,
+    draw_tail_ratio_sweep,
+)
 from loadtest.recovery_bench.config import (
+    DEFAULT_TAIL_RATIO,
     GOAL_MAT_MB_S,
     GOAL_TAIL_RATIO,
     ISSUE_KEYS,
     BenchConfig,
 )
-from loadtest.recovery_bench.runner import DstlResult, RecordRestores
+from loadtest.recovery_bench.runner import (
+    DstlResult,
+    RatioPoint,
+    RatioRestore,
+    RecordRestores,
+    goal_parallelism,
+)
 from loadtest.recovery_bench.spark_job import SparkResult
-
-
-def _goal_p(cfg: BenchConfig) -> int:
-    """The parallelism the goals are judged at: the job's own."""
-    ps = cfg.restore_parallelisms
-    return cfg.job_parallelism if cfg.job_parallelism in ps else ps[0]
 
 
 def _full(dstl: DstlResult) -> RecordRestores | None:
@@ -63,6 +71,116 @@ def mat_table(dstl: DstlResult) -> str:
                 f"| {m.node_mb_per_s:.1f} | {m.wall_s:.2f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def sweep_points(cfg: BenchConfig, dstl: DstlResult) -> list[RatioPoint]:
+    """The sweep, ascending, with "off" (ratio 0: the main job, by time only) first."""
+    p = goal_parallelism(cfg)
+    full = _full(dstl)
+    points = list(dstl.sweep)
+    if full is not None and dstl.job is not None:
+        at = {
+            r.tail: RatioRestore(r.tail, r.segments, r.share, r.job[p].seconds)
+            for r in dstl.restores
+            if r.kind == "tail" and r.tail > 0
+        }
+        worst = at.get(cfg.max_tail)
+        points.insert(0, RatioPoint(0.0, at, worst, full.job[p].seconds, dstl.job))
+    return points
+
+
+def _x(ratio: float) -> str:
+    return f"{ratio:g}" if ratio > 0 else "off"
+
+
+def sweep_table(cfg: BenchConfig, dstl: DstlResult) -> str:
+    """Per ratio: restore / full snapshot at each tail and at the longest, upload per checkpoint."""
+    points = sweep_points(cfg, dstl)
+    if not points:
+        return ""
+    off = points[0].job.upload_per_checkpoint(cfg.max_tail) if points[0].ratio == 0 else None
+    rounds = sorted({t for pt in points for t in pt.at})
+    lines = [
+        "| materialize_tail_ratio | "
+        + " | ".join(f"after round {t}" for t in rounds)
+        + " | longest tail (round, share of state) | full snapshot (s) "
+        "| materializations | MB uploaded per checkpoint | vs off |",
+        "| ---: | " + "---: | " * len(rounds) + "---: | ---: | ---: | ---: | ---: |",
+    ]
+    for pt in points:
+        cells = [f"{pt.at[t].seconds / pt.full_s:.2f}x" if t in pt.at else "" for t in rounds]
+        w = pt.worst
+        worst = f"{w.seconds / pt.full_s:.2f}x ({w.round}, {w.share:.2f})" if w else "n/a"
+        up = pt.job.upload_per_checkpoint(cfg.max_tail)
+        vs = f"{up / off:.1f}x" if off else ""
+        mark = " (default)" if pt.ratio == DEFAULT_TAIL_RATIO else ""
+        lines.append(
+            f"| {_x(pt.ratio)}{mark} | {' | '.join(cells)} | {worst} | {pt.full_s:.2f} "
+            f"| {pt.job.update_mats} | {up / 1e6:.2f} | {vs} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def sweep_series(cfg: BenchConfig, dstl: DstlResult) -> tuple[list[Series], list[Series]]:
+    """The sweep's plot: restore / full (longest tail, each round) and MB per checkpoint."""
+    points = sweep_points(cfg, dstl)
+    restore = [
+        Series(
+            "longest tail the ratio allows",
+            tuple(pt.ratio for pt in points if pt.worst),
+            tuple(pt.worst.seconds / pt.full_s for pt in points if pt.worst),
+        )
+    ]
+    for t in sorted({t for pt in points for t in pt.at}):
+        restore.append(
+            Series(
+                f"after round {t}",
+                tuple(pt.ratio for pt in points if t in pt.at),
+                tuple(pt.at[t].seconds / pt.full_s for pt in points if t in pt.at),
+            )
+        )
+    upload = [
+        Series(
+            f"over {cfg.max_tail} checkpoints",
+            tuple(pt.ratio for pt in points),
+            tuple(pt.job.upload_per_checkpoint(cfg.max_tail) / 1e6 for pt in points),
+        )
+    ]
+    return [s for s in restore if s.xs], upload
+
+
+def default_goal(cfg: BenchConfig, dstl: DstlResult) -> tuple[bool, str] | None:
+    """Restore with the default settings within GOAL_TAIL_RATIO x full, and what it uploads."""
+    points = sweep_points(cfg, dstl)
+    pt = next((x for x in points if x.ratio == DEFAULT_TAIL_RATIO), None)
+    if pt is None or not pt.at:
+        return None
+    quotients = {t: r.seconds / pt.full_s for t, r in sorted(pt.at.items())}
+    off = points[0] if points[0].ratio == 0 else None
+    up = pt.job.upload_per_checkpoint(cfg.max_tail)
+    extra = ""
+    if off is not None and pt is not off:
+        base = off.job.upload_per_checkpoint(cfg.max_tail)
+        extra = (
+            f"; it uploads {up / 1e6:.2f} MB per checkpoint against {base / 1e6:.2f} MB by "
+            f"time only (+{(up - base) / 1e6:.2f} MB, {up / base:.1f}x: "
+            f"{pt.job.update_mats} materializations in {cfg.max_tail} checkpoints)"
+        )
+    worst = (
+        f"; the longest tail it allows ({pt.worst.share:.2f} of the state, round "
+        f"{pt.worst.round}): {pt.worst.seconds / pt.full_s:.2f}x"
+        if pt.worst is not None and pt is not off
+        else ""
+    )
+    return (
+        all(q <= GOAL_TAIL_RATIO for q in quotients.values()),
+        f"restore with the default settings (materialize_tail_ratio={_x(DEFAULT_TAIL_RATIO)}) "
+        + ", ".join(
+            f"after a changelog tail of {t} checkpoints: {q:.2f}x" for t, q in quotients.items()
+        )
+        + f" the full-snapshot restore ({pt.full_s:.2f} s), whole job at p={goal_parallelism(cfg)} "
+        f"(goal <= {GOAL_TAIL_RATIO:g}x){worst}{extra}",
+    )
 
 
 def cache_label(cfg: BenchConfig) -> str:
@@ -110,7 +228,7 @@ def spark_table(spark: SparkResult) -> str:
 
 def spark_note(cfg: BenchConfig, dstl: DstlResult, spark: SparkResult) -> str:
     """What Spark's figures mean next to dstl's (a paragraph)."""
-    p = _goal_p(cfg)
+    p = goal_parallelism(cfg)
     longest = next((r for r in dstl.restores if r.kind == "tail" and r.tail == cfg.max_tail), None)
     sr = next((r for r in spark.restores if r.tail == cfg.max_tail), None)
     if longest is None or sr is None:
@@ -133,32 +251,23 @@ def spark_note(cfg: BenchConfig, dstl: DstlResult, spark: SparkResult) -> str:
 
 def goals(cfg: BenchConfig, dstl: DstlResult, spark: SparkResult | None) -> list[tuple[bool, str]]:
     out: list[tuple[bool, str]] = []
-    p = _goal_p(cfg)
-    full = _full(dstl)
+    p = goal_parallelism(cfg)
     longest = next((r for r in dstl.restores if r.kind == "tail" and r.tail == cfg.max_tail), None)
-    if full is not None and longest is not None:
-        ratio = longest.job[p].seconds / full.job[p].seconds
-        out.append(
-            (
-                ratio <= GOAL_TAIL_RATIO,
-                f"restore with a changelog tail of {cfg.max_tail} checkpoints: "
-                f"{longest.job[p].seconds:.2f} s = {ratio:.2f}x the full-snapshot restore of "
-                f"the same state ({full.job[p].seconds:.2f} s), whole job at p={p} "
-                f"(goal <= {GOAL_TAIL_RATIO:g}x)",
-            )
-        )
-        if spark is not None:
-            sr = next((r for r in spark.restores if r.tail == cfg.max_tail), None)
-            if sr is not None:
-                out.append(
-                    (
-                        longest.job[p].seconds <= sr.load_s,
-                        f"restore with a tail of {cfg.max_tail}: dstl {longest.job[p].seconds:.2f}"
-                        f" s (whole job, p={p}) vs Spark RocksDB state load "
-                        f"{sr.load_s:.2f} s per partition after {cfg.max_tail} updates "
-                        f"({sr.partitions} partitions; goal: no slower)",
-                    )
+    default = default_goal(cfg, dstl)
+    if default is not None:
+        out.append(default)
+    if longest is not None and spark is not None:
+        sr = next((r for r in spark.restores if r.tail == cfg.max_tail), None)
+        if sr is not None:
+            out.append(
+                (
+                    longest.job[p].seconds <= sr.load_s,
+                    f"restore with a tail of {cfg.max_tail}: dstl {longest.job[p].seconds:.2f}"
+                    f" s (whole job, p={p}, no tail ratio) vs Spark RocksDB state load "
+                    f"{sr.load_s:.2f} s per partition after {cfg.max_tail} updates "
+                    f"({sr.partitions} partitions; goal: no slower)",
                 )
+            )
     if dstl.job is not None and dstl.job.materializations:
         best = max(m.node_mb_per_s for m in dstl.job.materializations)
         out.append(
@@ -207,6 +316,20 @@ def write_report(
             f"{cfg.keys:,} keys of {cfg.value_bytes} B, {cfg.update_fraction:.1%} rewritten per "
             f"checkpoint; whole job; load average {load[0]:.1f} -> {load[1]:.1f} "
             f"on {os.cpu_count()} CPUs",
+        )
+    )
+    sweep_png = path.with_name(f"{path.stem}-tail-ratio.png")
+    restore_s, upload_s = sweep_series(cfg, dstl)
+    sweep_why_not = attempt(
+        lambda: draw_tail_ratio_sweep(
+            restore_s,
+            upload_s,
+            sweep_png,
+            f"materialize_tail_ratio: restore (whole job, p={goal_parallelism(cfg)}) and "
+            f"upload; {cfg.keys:,} keys, {cfg.update_fraction:.1%} rewritten per checkpoint; "
+            f"load average {load[0]:.1f} -> {load[1]:.1f} on {os.cpu_count()} CPUs",
+            goal=GOAL_TAIL_RATIO,
+            chosen=DEFAULT_TAIL_RATIO if DEFAULT_TAIL_RATIO > 0 else None,
         )
     )
     scaled = (
@@ -276,6 +399,24 @@ def write_report(
             "## Materialization (dstl)",
             "",
             mat_table(dstl),
+        ]
+    if dstl.sweep:
+        parts += [
+            "## The materialization tail ratio (dstl)",
+            "",
+            f"The job again for each `materialize_tail_ratio` (off: the job above), restored "
+            f"whole at p={goal_parallelism(cfg)} (best of {cfg.repeat}) after rounds "
+            f"{', '.join(str(t) for t in cfg.tails if t > 0)} and from the first record whose "
+            "tail outgrew the ratio (the longest tail it lets a restore replay; share: the "
+            "tail's stored bytes over the materialized parts'), each against the full snapshot "
+            "of its own state after the last round; and the stored bytes the update rounds "
+            "uploaded (changelog and the materializations the ratio started) per checkpoint.",
+            "",
+            f"![restore and upload against the tail ratio]({sweep_png.name})"
+            if sweep_why_not is None
+            else f"(no plot: {sweep_why_not})",
+            "",
+            sweep_table(cfg, dstl),
         ]
     if spark is not None:
         parts += [

@@ -27,6 +27,7 @@ from loadtest.plots import (
     draw_batch_time_by_engine,
     draw_checkpoint_vs_state,
     draw_restore_vs_tail,
+    draw_tail_ratio_sweep,
     main,
 )
 
@@ -101,6 +102,16 @@ def test_restore_vs_tail_writes_a_small_png(tmp_path: Path) -> None:
     assert_small_png(draw_restore_vs_tail(restore_curves(), tmp_path / "r.png", "title"))
 
 
+@needs_matplotlib
+def test_tail_ratio_sweep_writes_a_small_png(tmp_path: Path) -> None:
+    ratios = (0.0, 0.05, 0.1, 0.2, 0.5)
+    restore = [Series("longest tail", ratios, (2.0, 1.03, 1.08, 1.2, 1.5))]
+    upload = [Series("per checkpoint", ratios, (0.7, 7.5, 4.1, 2.4, 1.4))]
+    png = draw_tail_ratio_sweep(restore, upload, tmp_path / "s.png", "t", goal=1.2, chosen=0.1)
+    assert_small_png(png, FIGSIZE[0] * 1.5)
+
+
+@pytest.mark.slow
 @needs_matplotlib
 def test_batch_time_by_engine_writes_a_small_png(tmp_path: Path) -> None:
     out = draw_batch_time_by_engine(engines(), tmp_path / "a.png", "title")
@@ -235,6 +246,52 @@ def test_recovery_report_turns_restores_into_curves() -> None:
     assert curves[0].full_snapshot_s == pytest.approx(1.1)
     assert curves[1].seconds == pytest.approx((0.5, 0.6))
     assert curves_of(cfg, DstlResult()) == []
+
+
+def test_recovery_report_turns_the_sweep_into_a_goal_and_a_table() -> None:
+    from loadtest.recovery_bench.config import DEFAULT_TAIL_RATIO, BenchConfig
+    from loadtest.recovery_bench.dstl_job import JobFigures
+    from loadtest.recovery_bench.report import default_goal, sweep_series, sweep_table
+    from loadtest.recovery_bench.restorer import JobRestore, SubtaskRestore
+    from loadtest.recovery_bench.runner import DstlResult, RatioPoint, RatioRestore, RecordRestores
+
+    def job(s: float) -> JobRestore:
+        return JobRestore(2, (SubtaskRestore(0, 10.0, 10.0 + s, 1, 0, 1, 0.1),))
+
+    def figures(log_mb: float, mat_mb: float, mats: int) -> JobFigures:
+        return JobFigures(1.0, 1.0, 12, (), 0, int(log_mb * 1e6), int(mat_mb * 1e6), mats)
+
+    cfg = BenchConfig(tails=(0, 10), restore_parallelisms=(2,), tail_ratios=(0.5,))
+    assert cfg.sweep == tuple(sorted({0.5, DEFAULT_TAIL_RATIO} - {0.0}))
+    restores = [
+        RecordRestores(kind, t, t, t, {2: job(s)}, {2: job(s)}, t / 10)
+        for kind, t, s in (("tail", 0, 1.0), ("tail", 10, 2.0), ("full", 10, 1.0))
+    ]
+    points = [
+        RatioPoint(
+            r,
+            {10: RatioRestore(10, 2, 0.02, 1.1)},
+            RatioRestore(4, 4, r + 0.01, 1.15),
+            1.0,
+            figures(10.0, 40.0 / r / 10, 2),
+        )
+        for r in cfg.sweep
+    ]
+    dstl = DstlResult(job=figures(10.0, 0.0, 0), restores=restores, sweep=points)
+    table = sweep_table(cfg, dstl)
+    off_row = next(line for line in table.splitlines() if line.startswith("| off"))
+    assert off_row.endswith("| 2.00x | 2.00x (10, 1.00) | 1.00 | 0 | 1.00 | 1.0x |"), table
+    restore, upload = sweep_series(cfg, dstl)
+    assert restore[0].xs == (0.0, *cfg.sweep) and restore[0].ys[0] == pytest.approx(2.0)
+    assert upload[0].ys[0] == pytest.approx(1.0)  # 10 MB over 10 checkpoints
+    goal = default_goal(cfg, dstl)
+    assert goal is not None
+    ok, line = goal
+    if DEFAULT_TAIL_RATIO > 0:
+        assert ok and "after a changelog tail of 10 checkpoints: 1.10x" in line
+        assert "MB per checkpoint" in line
+    else:
+        assert not ok and "2.00x" in line
 
 
 def test_api_report_keeps_only_engines_that_ran() -> None:

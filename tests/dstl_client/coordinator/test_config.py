@@ -141,3 +141,13 @@ def test_checkpoint_stats_are_sums_and_peaks_of_the_tasks() -> None:
     assert TaskStats.from_json({"restored": 1, "rows": 2.0}) == TaskStats(restored=True, rows=2)
     task = results[0]
     assert TaskResult.from_bytes(task.to_bytes()) == task
+
+
+def test_a_negative_tail_bound_is_refused() -> None:
+    opts = KeyedOptions(checkpoint_dir="/c", parallelism=1)
+    for bad, field in (
+        (dataclasses.replace(opts, materialize_tail_ratio=-0.1), "materialize_tail_ratio"),
+        (dataclasses.replace(opts, materialize_tail_min_bytes=-1), "materialize_tail_min_bytes"),
+    ):
+        with pytest.raises(ConfigError, match=field):
+            bad.coordinator_config().validate()

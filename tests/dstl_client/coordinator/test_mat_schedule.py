@@ -19,6 +19,7 @@ from dstl_client.coordinator.batches import (
     MaterializationFailed,
     MaterializationSchedule,
     tail_outgrew,
+    tail_share,
 )
 from dstl_client.core.handle import ChangelogHandle, HandleEntry
 from dstl_client.keygroups import key_group_range_for_operator
@@ -235,6 +236,18 @@ def test_the_tail_trigger_weighs_the_replayed_changelog_against_the_materialized
     assert tail_outgrew(record([600, 400], [300, 201]), 0.5)
     assert tail_outgrew(record([], [1]), 0.5)  # nothing materialized yet
     assert not tail_outgrew(record([1000], []), 0.5)  # no tail
+
+
+def test_a_tail_under_the_floor_starts_nothing_whatever_its_share() -> None:
+    assert not tail_outgrew(record([], [999]), 0.5, min_bytes=1000)
+    assert tail_outgrew(record([], [600, 400]), 0.5, min_bytes=1000)
+    assert not tail_outgrew(record([10], [50, 49]), 0.5, min_bytes=1000)  # 10x the state
+
+
+def test_the_tail_share_is_the_replayed_bytes_over_the_loaded_bytes() -> None:
+    assert tail_share(record([600, 400], [300, 200])) == pytest.approx(0.5)
+    assert tail_share(record([1000], [])) == 0.0  # no tail
+    assert tail_share(record([], [1])) == float("inf")  # nothing materialized yet
 
 
 def test_a_tail_over_the_ratio_starts_a_round_before_the_interval() -> None:
