@@ -12,14 +12,14 @@ goes through the same steps, each owned here:
 * **gate** -- a call is in flight while it runs; after
   :meth:`Calls.stop_accepting` new calls get :class:`ShuttingDown`;
 * **principal** -- the caller from the call's metadata (:meth:`Calls.principal`),
-  checked against the job owning the writer it names (:meth:`Calls.owned_log`);
+  resolved before a unary handler runs and handed to it (the registry checks it
+  against the job owning the writer a call names: ``LogRegistry.owned``);
 * **answer** -- an error is mapped once (:meth:`Calls.answer`: counted; a
   :class:`DstlError` keeps its code, kind and bounded message; anything else is
   logged, INTERNAL) and rendered one of two ways: a unary call (or a stream that
   ends) aborts with the status and the ``dstl-error-kind`` trailer
   (:meth:`Calls.abort`); a Session request gets a ``SessionError`` and the
-  stream goes on (:meth:`Calls.stream_error`). A persist's handle is answered
-  only if it fits in a message (:meth:`Calls.persist_response`).
+  stream goes on (:meth:`Calls.stream_error`).
 
 Event-loop only (the deserializers run on the server's loop too).
 """
@@ -43,11 +43,8 @@ from dstl_client.core.errors import (
     InvalidArgument,
     PermissionDenied,
     ShuttingDown,
-    SqnOutOfRange,
 )
-from dstl_client.core.handle import ChangelogHandle
-from dstl_server.auth import Authenticator, Principal, check_job
-from dstl_server.log import WriterLog
+from dstl_server.auth import Authenticator, Principal
 from dstl_server.metrics import ServerMetrics
 from dstl_server.registry import LogRegistry
 from dstl_server.request_bounds import CallHeader, call_header, check_request, method_limits
@@ -58,12 +55,6 @@ log = logging.getLogger(__name__)
 #: error messages are cut to this many characters: they travel in metadata
 #: (gRPC's limit is 16 KiB) and may quote what a caller sent
 MAX_ERROR_MESSAGE_CHARS = 2000
-#: room left in a response message for everything but sizes and payload
-RESPONSE_MARGIN_BYTES = 32 << 10
-#: upper bounds of an encoded PersistResponse beyond its strings (framing, every number
-#: at its widest) and per entry; a string adds at most 4 bytes per character (UTF-8)
-_HANDLE_FIXED_BOUND = 128
-_ENTRY_FIXED_BOUND = 72
 #: writer calls with parts and a turn: their log id (1), session (14) and seq (15)
 #: are LastAppendedSqnRequest's fields
 _ORDERED_CALLS = frozenset({"Append", "PersistDurably"})
@@ -138,7 +129,7 @@ class Calls:
     between :meth:`enter` and :meth:`leave`; the idle event is set exactly
     when it is 0. ``max_response_bytes`` is what a response message may
     carry in sizes and payload (the message limit less
-    :data:`RESPONSE_MARGIN_BYTES`). Event-loop only.
+    ``RESPONSE_MARGIN_BYTES``, the registry's). Event-loop only.
     """
 
     def __init__(
@@ -148,7 +139,7 @@ class Calls:
         self.metrics = metrics
         self.auth = auth
         #: sizes + payload per response message (the rest: header fields)
-        self.max_response_bytes = registry.settings.max_request_bytes - RESPONSE_MARGIN_BYTES
+        self.max_response_bytes = registry.max_response_bytes
         #: False once draining (:meth:`stop_accepting`)
         self.accepting = True
         self.in_flight = 0
@@ -186,14 +177,6 @@ class Calls:
             return None
         return self.auth.from_metadata(ctx.invocation_metadata())
 
-    def owned_log(
-        self, principal: Principal | None, log_id: str, *, admin_ok: bool = False
-    ) -> WriterLog:
-        """The writer ``log_id`` names, if the caller's job owns it."""
-        wl = self.registry.get(log_id)
-        check_job(principal, wl.job_id, admin_ok=admin_ok)
-        return wl
-
     # ------------------------------------------------------------ refused bytes
     async def refused_writer_call(
         self, header: pb.LastAppendedSqnRequest, error: DstlError, ctx: grpc.aio.ServicerContext
@@ -204,7 +187,7 @@ class Calls:
         leaves no gap (no later call waits for it) and fails its session, as it may
         have carried changes.
         """
-        self.owned_log(self.principal(ctx), header.log_id)
+        self.registry.owned(self.principal(ctx), header.log_id)
         await self.registry.refuse(header.log_id, error, session=header.session, seq=header.seq)
 
     def admit_unread(self, unread: Unread, ctx: grpc.aio.ServicerContext) -> Any:
@@ -213,7 +196,7 @@ class Calls:
         else, if room came meanwhile, decoded for its handler (which admits it)."""
         header = unread.header
         try:
-            wl = self.owned_log(self.principal(ctx), header.log_id)
+            wl = self.registry.owned(self.principal(ctx), header.log_id)
             self.registry.order.check_room(wl, header.session, header.seq)
         except BaseException:
             unread.drop()  # the refusal's traceback may keep this frame for a while
@@ -251,34 +234,6 @@ class Calls:
             id=rid, error=pb.SessionError(kind=a.kind, code=a.code, message=a.message)
         )
 
-    def persist_response(self, handle: ChangelogHandle, after: int) -> pb.PersistResponse:
-        """The answer to a persist (unary or on a stream), if the handle fits in a message."""
-        response = pb.PersistResponse(handle=handle.to_proto())
-        if response.ByteSize() > self.max_response_bytes:
-            # durable, but the handle cannot travel: say why instead of a bare
-            # RESOURCE_EXHAUSTED from the transport
-            raise SqnOutOfRange(
-                f"the handle from SQN {after} spans {len(handle.entries)} sections, "
-                f"{response.ByteSize()} bytes encoded, more than a message may carry "
-                f"({self.max_response_bytes}); truncate the log or persist from a later SQN"
-            )
-        return response
-
-    def session_persist_answer(
-        self, rid: int, handle: ChangelogHandle, after: int
-    ) -> pb.SessionResponse:
-        """A persist's answer on a Session stream: the handle built once, in the answer itself.
-
-        Refused like :meth:`persist_response` when the handle does not fit in a
-        message (that check, exact, runs only when a cheap bound says it may not).
-        """
-        bound = _HANDLE_FIXED_BOUND + 4 * (len(handle.job_id) + len(handle.log_id))
-        for e in handle.entries:
-            bound += 4 * len(e.object_key) + _ENTRY_FIXED_BOUND
-        if bound > self.max_response_bytes:
-            self.persist_response(handle, after)  # raises if it really does not fit
-        return pb.SessionResponse(id=rid, handle=handle.to_proto())
-
 
 class Served(Protocol):
     """A servicer whose unary handlers run through :func:`unary`."""
@@ -292,10 +247,11 @@ Resp = TypeVar("Resp")
 
 
 def unary(
-    fn: Callable[[S, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
+    fn: Callable[[S, Req, grpc.aio.ServicerContext, Principal | None], Awaitable[Resp]],
 ) -> Callable[[S, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
     """The lifecycle of a unary call around its handler ``fn``: gate, refused or unread
-    bytes, decode check, and every error answered once (:meth:`Calls.abort`)."""
+    bytes, decode check, the caller's principal (handed to ``fn``), and every error
+    answered once (:meth:`Calls.abort`)."""
 
     @functools.wraps(fn)
     async def wrapper(self: S, req: Req, ctx: grpc.aio.ServicerContext) -> Resp:
@@ -310,7 +266,7 @@ def unary(
             if isinstance(req, Malformed) and req.header is not None:
                 await calls.refused_writer_call(req.header, req.error, ctx)
             check_decoded(req)
-            return await fn(self, req, ctx)
+            return await fn(self, req, ctx, calls.principal(ctx))
         except Exception as exc:
             await calls.abort(ctx, exc)
         finally:

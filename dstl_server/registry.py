@@ -19,8 +19,10 @@ from dstl_client.core.errors import (
 )
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.core.keys import check_job_id
+from dstl_server.auth import Principal, check_job
 from dstl_server.call_order import CallOrder
 from dstl_server.forwarder import ParentForwarder
+from dstl_server.handle_size import RESPONSE_MARGIN_BYTES, check_travels
 from dstl_server.log import PendingPersist, WriterLog
 from dstl_server.metrics import ServerMetrics
 from dstl_server.parts import ChangePart
@@ -86,11 +88,22 @@ class LogRegistry:
             forwarder=forwarder,
         )
         self.order = CallOrder(self.budget, settings.call_order_timeout_s, metrics)
+        #: sizes + payload per response message (the rest: header fields)
+        self.max_response_bytes = settings.max_request_bytes - RESPONSE_MARGIN_BYTES
         self._stopping = False
         #: persist calls waiting for their uploads right now
         self.waiting_persists = 0
 
     # ---------------------------------------------------------------- lookup
+    def owned(
+        self, principal: Principal | None, log_id: str, *, admin_ok: bool = False
+    ) -> WriterLog:
+        """The writer ``log_id`` names, if the caller's job owns it (:meth:`get`: its idle
+        timer is left alone)."""
+        wl = self.get(log_id)
+        check_job(principal, wl.job_id, admin_ok=admin_ok)
+        return wl
+
     def get(self, log_id: str) -> WriterLog:
         """The writer ``log_id`` names, for a look at it (authorising a call): its idle
         timer is left alone, so a call refused before it reaches the writer (another job's
@@ -302,6 +315,7 @@ class LogRegistry:
         finally:
             self.waiting_persists -= 1
         self.metrics.persist_latency.observe(time.perf_counter() - pending.started)
+        check_travels(handle, self.max_response_bytes)
         return handle
 
     # ---------------------------------------------------------------- unordered

@@ -22,8 +22,9 @@ from dstl_client.core.format import ChangesetView
 from dstl_client.core.handle import ChangelogHandle
 from dstl_client.core.keys import check_job_id, check_key_of_job, job_prefix
 from dstl_client.core.reader import HandleReader
-from dstl_server.auth import check_job, check_node
-from dstl_server.calls import RESPONSE_MARGIN_BYTES, Calls, check_decoded, unary
+from dstl_server.auth import Principal, check_job, check_node
+from dstl_server.calls import Calls, check_decoded, unary
+from dstl_server.handle_size import RESPONSE_MARGIN_BYTES
 from dstl_server.request_bounds import MAX_DISCARD_KEYS, MAX_READ_KEY_GROUPS
 from dstl_server.storage.base import BlobStore, validate_key
 
@@ -107,9 +108,12 @@ class ChangelogService:
 
     @unary
     async def CreateWriter(
-        self, request: pb.CreateWriterRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.CreateWriterRequest,
+        context: grpc.aio.ServicerContext,
+        caller: Principal | None,
     ) -> pb.CreateWriterResponse:
-        check_job(self.calls.principal(context), request.job_id, admin_ok=False)
+        check_job(caller, request.job_id, admin_ok=False)
         wl = self.registry.create_writer(
             request.job_id, request.operator_id, (request.first_key_group, request.last_key_group)
         )
@@ -122,9 +126,12 @@ class ChangelogService:
 
     @unary
     async def Append(
-        self, request: pb.AppendRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.AppendRequest,
+        context: grpc.aio.ServicerContext,
+        caller: Principal | None,
     ) -> pb.AppendResponse:
-        self.calls.owned_log(self.calls.principal(context), request.log_id)
+        self.registry.owned(caller, request.log_id)
         sqn = await self.registry.append(
             request.log_id, request.changes, session=request.session, seq=request.seq
         )
@@ -132,9 +139,12 @@ class ChangelogService:
 
     @unary
     async def LastAppendedSqn(
-        self, request: pb.LastAppendedSqnRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.LastAppendedSqnRequest,
+        context: grpc.aio.ServicerContext,
+        caller: Principal | None,
     ) -> pb.SqnResponse:
-        self.calls.owned_log(self.calls.principal(context), request.log_id)
+        self.registry.owned(caller, request.log_id)
         sqn = await self.registry.last_appended_sqn(
             request.log_id, session=request.session, seq=request.seq
         )
@@ -142,9 +152,12 @@ class ChangelogService:
 
     @unary
     async def PersistDurably(
-        self, request: pb.PersistRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.PersistRequest,
+        context: grpc.aio.ServicerContext,
+        caller: Principal | None,
     ) -> pb.PersistResponse:
-        self.calls.owned_log(self.calls.principal(context), request.log_id)
+        self.registry.owned(caller, request.log_id)
         handle = await self.registry.persist(
             request.log_id,
             request.after,
@@ -152,13 +165,16 @@ class ChangelogService:
             session=request.session,
             seq=request.seq,
         )
-        return self.calls.persist_response(handle, request.after)
+        return pb.PersistResponse(handle=handle.to_proto())
 
     @unary
     async def Truncate(
-        self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.TruncateRequest,
+        context: grpc.aio.ServicerContext,
+        caller: Principal | None,
     ) -> pb.TruncateResponse:
-        self.calls.owned_log(self.calls.principal(context), request.log_id)
+        self.registry.owned(caller, request.log_id)
         await self.registry.truncate(
             request.log_id, request.before, session=request.session, seq=request.seq
         )
@@ -166,9 +182,12 @@ class ChangelogService:
 
     @unary
     async def CloseWriter(
-        self, request: pb.CloseWriterRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.CloseWriterRequest,
+        context: grpc.aio.ServicerContext,
+        caller: Principal | None,
     ) -> pb.CloseWriterResponse:
-        self.calls.owned_log(self.calls.principal(context), request.log_id, admin_ok=True)
+        self.registry.owned(caller, request.log_id, admin_ok=True)
         self.registry.close_writer(request.log_id)
         return pb.CloseWriterResponse()
 
@@ -216,10 +235,13 @@ class ChangelogService:
 
     @unary
     async def DiscardObjects(
-        self, request: pb.DiscardObjectsRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.DiscardObjectsRequest,
+        context: grpc.aio.ServicerContext,
+        caller: Principal | None,
     ) -> pb.DiscardObjectsResponse:
         check_job_id(request.job_id)
-        check_job(self.calls.principal(context), request.job_id)
+        check_job(caller, request.job_id)
         if len(request.object_keys) > MAX_DISCARD_KEYS:  # counted before the list is built
             raise InvalidArgument(f"at most {MAX_DISCARD_KEYS} keys per call")
         keys = list(request.object_keys)
@@ -231,7 +253,10 @@ class ChangelogService:
 
     @unary
     async def ListObjects(
-        self, request: pb.ListObjectsRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.ListObjectsRequest,
+        context: grpc.aio.ServicerContext,
+        caller: Principal | None,
     ) -> pb.ListObjectsResponse:
         """One page of the job's objects, in key order.
 
@@ -245,7 +270,7 @@ class ChangelogService:
         store lists from after it.
         """
         job_id = check_job_id(request.job_id)
-        check_job(self.calls.principal(context), job_id)
+        check_job(caller, job_id)
         self.metrics.list_requests.inc()
         prefix = job_prefix(job_id)
         token = request.page_token
@@ -295,10 +320,13 @@ class ChangelogService:
 
     @unary
     async def Forward(
-        self, request: pb.ForwardRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.ForwardRequest,
+        context: grpc.aio.ServicerContext,
+        caller: Principal | None,
     ) -> pb.ForwardResponse:
         """A child node's flush, answered once the object holding it is complete."""
-        check_node(self.calls.principal(context))
+        check_node(caller)
         uploads = self.registry.uploads
         entries = await uploads.accept_forwarded(
             request.job_id, list(request.sections), sender=request.sender

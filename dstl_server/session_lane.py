@@ -114,7 +114,7 @@ class WriterLane:
             return self.log_id
         if not log_id:
             raise InvalidArgument("the first request of a Session stream must name its log id")
-        self._calls.owned_log(self._principal, log_id, admin_ok=False)
+        self._registry.owned(self._principal, log_id, admin_ok=False)
         self.log_id = log_id
         return log_id
 
@@ -261,7 +261,7 @@ class WriterLane:
         try:
             try:
                 handle = await self._registry.await_handle(pending)
-                out = self._calls.session_persist_answer(rid, handle, pending.after)
+                out = pb.SessionResponse(id=rid, handle=handle.to_proto())
             except Exception as exc:  # typed, or a bug (logged; the client sees "internal")
                 out = self._calls.stream_error(rid, exc)
             self._outbox.put(out, persist=True)

@@ -21,9 +21,9 @@ from dstl_client.core.format import (
 )
 from dstl_client.core.handle import ChangelogHandle, HandleEntry
 from dstl_server import batching as uploads_mod
-from dstl_server.calls import Calls
+from dstl_server.handle_size import check_travels
 from dstl_server.log import PART_OVERHEAD_BYTES, WriterLog
-from dstl_server.metrics import ServerMetrics
+from dstl_server.registry import LogRegistry
 from dstl_server.throttle import MemoryBudget
 from dstl_server.upload_task import UploadTask
 from tests.dstl_server._helpers import check_entry, make_task, scheduler
@@ -137,9 +137,9 @@ async def test_large_flush_is_encoded_and_built_in_one_thread_hop(
     assert check_entry(up, task, entry) == payload
 
 
-def _service() -> Calls:
-    """The persist answers (the call lifecycle's), as the service and the stream use them."""
-    return Calls(registry(MemoryUploader()), ServerMetrics())
+def _registry() -> LogRegistry:
+    """The registry that answers persists, for the service and the stream alike."""
+    return registry(MemoryUploader())
 
 
 def _handle(entries: int, key: str = "job/00/" + "k" * 36 + ".dstl") -> ChangelogHandle:
@@ -153,26 +153,21 @@ def _handle(entries: int, key: str = "job/00/" + "k" * 36 + ".dstl") -> Changelo
     )
 
 
-def test_session_persist_answer_is_the_unary_answer_with_an_id() -> None:
-    service = _service()
+def test_a_handle_that_fits_in_a_message_travels() -> None:
+    reg = _registry()
     for n in (0, 1, 5):
-        handle = _handle(n)
-        out = service.session_persist_answer(7, handle, 3)
-        unary = service.persist_response(handle, 3)
-        assert out == pb.SessionResponse(id=7, handle=unary.handle)
+        check_travels(_handle(n), reg.max_response_bytes)  # no error
 
 
-def test_session_persist_answer_refuses_a_handle_too_large_for_a_message() -> None:
-    service = _service()
+def test_a_handle_too_large_for_a_message_is_refused() -> None:
+    reg = _registry()
     handle = _handle(40)
-    size = service.persist_response(handle, 3).ByteSize()
-    service.max_response_bytes = size  # fits exactly: the bound says maybe, the check says yes
-    assert service.session_persist_answer(1, handle, 3).handle.to_sqn == handle.to_sqn
-    service.max_response_bytes = size - 1
+    size = pb.PersistResponse(handle=handle.to_proto()).ByteSize()
+    reg.max_response_bytes = size  # fits exactly: the bound says maybe, the check says yes
+    check_travels(handle, reg.max_response_bytes)
+    reg.max_response_bytes = size - 1
     with pytest.raises(SqnOutOfRange, match="more than a message may carry"):
-        service.session_persist_answer(1, handle, 3)
-    with pytest.raises(SqnOutOfRange):
-        service.persist_response(handle, 3)
+        check_travels(handle, reg.max_response_bytes)
 
 
 def test_upload_task_counts_its_bytes_once() -> None:
