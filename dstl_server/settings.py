@@ -112,7 +112,7 @@ class ServerSettings:
         100 * MiB,
         "Change bytes held in memory, over all writers: not yet uploaded, plus those of calls "
         "admitted and not yet applied (e.g. waiting for an earlier call of their writer). A "
-        "Session stream's next request is not read while it is reached; a unary call that "
+        "writer stream's next message is not read while it is reached; a unary call that "
         "finds it reached is refused before decoding (RESOURCE_EXHAUSTED, budget_full) and "
         "the client sends it again after a pause.",
         unit="bytes",
@@ -204,8 +204,9 @@ class ServerSettings:
     )
     max_concurrent_rpcs: int = _setting(
         4096,
-        "Calls served at the same time, open Session streams included (each writer holds "
-        "one); more are refused with RESOURCE_EXHAUSTED. Keep it above the node's writers.",
+        "Calls served at the same time, open writer streams included (each client holds one "
+        "Mux stream; an older client one Session stream per writer); more are refused with "
+        "RESOURCE_EXHAUSTED. Keep it above the node's clients and unary writers.",
     )
     max_streams_per_connection: int = _setting(
         1024,
@@ -214,8 +215,8 @@ class ServerSettings:
     )
     session_bind_timeout_s: float = _setting(
         30.0,
-        "A Session stream whose first request (naming its writer) does not come within this "
-        "long is closed (DEADLINE_EXCEEDED).",
+        "A writer stream (Mux or Session) whose first message (naming a writer) does not "
+        "come within this long is closed (DEADLINE_EXCEEDED).",
         unit="s",
     )
     keepalive_time_s: float = _setting(
