@@ -7,6 +7,7 @@ minute, and it measures Spark, not dstl (``make bench-recovery`` runs it)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -68,7 +69,8 @@ def test_recovery_bench_runs_tiny_and_reports(tmp_path: Path) -> None:
     # the sweep: off (the job above) and 0.1, which 5 % of the keys per round outgrow
     assert re.search(r"^\| off \| [\d.]+x \| [\d.]+x \(2, ", text, re.M), text
     assert re.search(r"^\| 0\.1( \(default\))? \| [\d.]+x \| [\d.]+x \([12], ", text, re.M), text
-    assert (reports / (written[0].stem + "-tail-ratio.png")).stat().st_size > 0
+    if importlib.util.find_spec("matplotlib") is not None:  # the bench extra draws it
+        assert (reports / (written[0].stem + "-tail-ratio.png")).stat().st_size > 0
     verdicts = re.findall(r"^- \*\*(PASS|MISS)\*\*: (.*)$", text, re.M)
     assert len(verdicts) == 2, text
     assert "default settings" in verdicts[0][1]
