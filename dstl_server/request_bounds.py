@@ -166,6 +166,11 @@ class _Scan:
     def walk(self, data: bytes, start: int, end: int, shape: Shape) -> None:
         counted = shape.counted
         nested = shape.nested
+        if not nested and len(counted) == 1:
+            ((field_no, count),) = counted.items()
+            if not count.packed:
+                self._walk_list(data, start, end, shape.name, field_no, count)
+                return
         pos = start
         while pos < end:
             self.left -= 1
@@ -214,6 +219,60 @@ class _Scan:
                 raise _Undecodable(f"wire type {wire}")
             if pos > end:
                 raise _Undecodable("a field runs past the end of the message")
+
+    def _walk_list(
+        self, data: bytes, start: int, end: int, name: str, listed: int, count: Counted
+    ) -> None:
+        """:meth:`walk` of a message whose one bounded list holds messages (an append's
+        parts): the same checks and errors in one loop, each element a few steps."""
+        left = self.left
+        total = self.counts.get(id(count), 0)
+        limit = count.limit
+        pos = start
+        while pos < end:
+            left -= 1
+            if left < 0:
+                self.left = left
+                raise InvalidArgument(
+                    f"{self.method} request holds too many fields (a {name} of the "
+                    "client library never does)"
+                )
+            key = data[pos]
+            pos += 1
+            if key >= 0x80:
+                key, pos = _varint(data, pos - 1, end)
+            if key < 8:
+                raise _Undecodable("field number 0")
+            wire = key & 7
+            if wire == 2:
+                if pos < end and data[pos] < 0x80:
+                    pos += data[pos] + 1
+                else:
+                    length, pos = _varint(data, pos, end)
+                    pos += length
+                if pos > end:
+                    raise _Undecodable("a length runs past the end of the message")
+                if key >> 3 == listed:
+                    total += 1
+                    if total > limit:
+                        self._add(count, total - self.counts.get(id(count), 0))
+                continue
+            if wire == 0:
+                _, pos = _varint(data, pos, end)
+                if key >> 3 == listed:
+                    total += 1
+                    if total > limit:
+                        self._add(count, total - self.counts.get(id(count), 0))
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            else:
+                raise _Undecodable(f"wire type {wire}")
+            if pos > end:
+                raise _Undecodable("a field runs past the end of the message")
+        self.left = left
+        self.counts[id(count)] = total
 
     def _add(self, count: Counted, n: int) -> None:
         key = id(count)
