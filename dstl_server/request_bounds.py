@@ -167,9 +167,9 @@ class _Scan:
         counted = shape.counted
         nested = shape.nested
         if not nested and len(counted) == 1:
-            ((field_no, count),) = counted.items()
-            if not count.packed:
-                self._walk_list(data, start, end, shape.name, field_no, count)
+            ((listed, only),) = counted.items()
+            if not only.packed:
+                self._walk_list(data, start, end, shape.name, listed, only)
                 return
         pos = start
         while pos < end:
