@@ -195,10 +195,11 @@ class WriterLog:
         # each field read once (a bytes field of a request is a new object per read),
         # and the whole call checked with C loops; a call that fails anywhere is
         # checked again part by part, for the first bad part's error
-        kgs = list(map(_key_group_of, parts))
-        counts = list(map(_count_of, parts))
-        sizes = list(map(_sizes_of, parts))
-        payloads = list(map(_payload_of, parts))
+        items = list(parts)  # a request's list makes an object per element per pass
+        kgs = list(map(_key_group_of, items))
+        counts = list(map(_count_of, items))
+        sizes = list(map(_sizes_of, items))
+        payloads = list(map(_payload_of, items))
         first_kg, last_kg = self.key_group_range
         if (
             min(kgs) < first_kg

@@ -56,5 +56,6 @@ def charge_of(parts: Sequence[ChangePart]) -> int:
     into ``used`` exactly.
     """
     # C loops: a bytes field of a request is read (copied) once, no Python frame per part
-    data = sum(map(len, map(_sizes_of, parts))) + sum(map(len, map(_payload_of, parts)))
+    items = list(parts)  # a request's list makes an object per element per pass
+    data = sum(map(len, map(_sizes_of, items))) + sum(map(len, map(_payload_of, items)))
     return data + PART_OVERHEAD_BYTES * len(parts)

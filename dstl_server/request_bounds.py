@@ -247,6 +247,8 @@ class _Scan:
             if wire == 2:
                 if pos < end and data[pos] < 0x80:
                     pos += data[pos] + 1
+                elif pos + 1 < end and data[pos + 1] < 0x80:  # a length of 128 to 16383
+                    pos += (data[pos] & 0x7F | data[pos + 1] << 7) + 2
                 else:
                     length, pos = _varint(data, pos, end)
                     pos += length
