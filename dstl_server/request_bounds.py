@@ -274,7 +274,8 @@ class _Scan:
             if pos > end:
                 raise _Undecodable("a field runs past the end of the message")
         self.left = left
-        self.counts[id(count)] = total
+        if total:
+            self.counts[id(count)] = total
 
     def _add(self, count: Counted, n: int) -> None:
         key = id(count)
