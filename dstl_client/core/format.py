@@ -207,6 +207,9 @@ def _by_key_group(
     changesets: Sequence[Changeset],
 ) -> dict[int, list[tuple[int, Sequence[PackedChanges]]]]:
     """(SQN, parts) of every changeset per key group, in SQN order."""
+    if len(changesets) == 1:  # a persist's section
+        sqn = changesets[0].sqn
+        return {kg: [(sqn, parts)] for kg, parts in changesets[0].groups.items()}
     by_kg: dict[int, list[tuple[int, Sequence[PackedChanges]]]] = {}
     for cs in changesets:
         sqn = cs.sqn
