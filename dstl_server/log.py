@@ -200,31 +200,25 @@ class WriterLog:
         counts = list(map(_count_of, items))
         sizes = list(map(_sizes_of, items))
         payloads = list(map(_payload_of, items))
+        packed = list(map(PackedChanges, counts, sizes, payloads))
         first_kg, last_kg = self.key_group_range
         if (
             min(kgs) < first_kg
             or max(kgs) > last_kg
             or not _well_formed(counts, sizes, payloads, limit)
         ):
-            self._check_each(kgs, counts, sizes, payloads, limit)
-        batches = list(zip(kgs, map(PackedChanges, counts, sizes, payloads), strict=True))
+            self._check_each(kgs, packed, limit)
+        batches = list(zip(kgs, packed, strict=True))
         nbytes = sum(map(len, sizes)) + sum(map(len, payloads))
         return CheckedParts(batches, nbytes, sum(counts))
 
-    def _check_each(
-        self,
-        kgs: list[int],
-        counts: list[int],
-        sizes: list[bytes],
-        payloads: list[bytes],
-        limit: int,
-    ) -> None:
+    def _check_each(self, kgs: list[int], packed: list[PackedChanges], limit: int) -> None:
         """Check the parts one by one, in call order: the first bad one raises its error."""
         first_kg, last_kg = self.key_group_range
-        for kg, n, part_sizes, payload in zip(kgs, counts, sizes, payloads, strict=True):
+        for kg, part in zip(kgs, packed, strict=True):
             if not first_kg <= kg <= last_kg:
                 self.check_key_group(kg)  # raises, with the message
-            _check_part(kg, PackedChanges(n, part_sizes, payload), limit)
+            _check_part(kg, part, limit)
 
     def append(self, key_group: int, packed: PackedChanges) -> None:
         self.append_parts([(key_group, packed)], packed.nbytes)
