@@ -9,10 +9,13 @@ The registry finds the writer, runs its calls in order and counts memory.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import attrgetter
 
 from dstl_client.core.errors import (
     ChangeTooLarge,
@@ -39,7 +42,29 @@ __all__ = [
 
 INITIAL_SQN = 0
 
-_u32 = int.from_bytes
+_key_group_of = attrgetter("key_group")
+_count_of = attrgetter("count")
+_sizes_of = attrgetter("sizes")
+_payload_of = attrgetter("payload")
+
+
+def _well_formed(counts: list[int], sizes: list[bytes], payloads: list[bytes], limit: int) -> bool:
+    """Whether every part is well formed: at least one change, ``4 * count`` bytes of
+    sizes, sizes adding up to its payload, no change over ``limit`` bytes.
+
+    C loops only: the running totals of sizes bytes and of payload bytes agree with
+    those of the counts at every part's end exactly when each part's do.
+    """
+    if min(counts) < 1:
+        return False
+    ends = list(accumulate(counts))
+    if list(accumulate(map(len, sizes))) != list(map((4).__mul__, ends)):
+        return False
+    every = struct.unpack(f"<{ends[-1]}I", b"".join(sizes))
+    if max(every) > limit:
+        return False
+    total_at = [0, *accumulate(every)]
+    return list(map(total_at.__getitem__, ends)) == list(accumulate(map(len, payloads)))
 
 
 def _check_part(kg: int, packed: PackedChanges, limit: int) -> None:
@@ -155,8 +180,9 @@ class WriterLog:
 
         At most ``MAX_PARTS_PER_REQUEST``, at least one; each key group in the
         writer's range, each change at most ``limit`` bytes, sizes matching
-        the payload, no empty part. The usual one-change part is checked
-        inline; anything else by :func:`~dstl_client.core.format.check_packed`.
+        the payload, no empty part: the whole call at once by
+        :func:`_well_formed`; a call it refuses part by part (by
+        :func:`~dstl_client.core.format.check_packed`), for the error.
         """
         if len(parts) > MAX_PARTS_PER_REQUEST:
             raise InvalidArgument(
@@ -166,28 +192,33 @@ class WriterLog:
         self.check_open()
         if not parts:
             raise InvalidArgument("empty append batch")
-        batches: list[tuple[int, PackedChanges]] = []
-        add = batches.append
-        nbytes = 0  # sizes + payload
-        count = 0
+        # each field read once (a bytes field of a request is a new object per read),
+        # and the whole call checked with C loops; a call that fails anywhere is
+        # checked again part by part, for the first bad part's error
+        items = list(parts)  # a request's list makes an object per element per pass
+        kgs = list(map(_key_group_of, items))
+        counts = list(map(_count_of, items))
+        sizes = list(map(_sizes_of, items))
+        payloads = list(map(_payload_of, items))
+        packed = list(map(PackedChanges, counts, sizes, payloads))
         first_kg, last_kg = self.key_group_range
-        for part in parts:
-            # each field read once: a bytes field of a request is a new object per read
-            kg = part.key_group
-            n = part.count
-            sizes = part.sizes
-            payload = part.payload
+        if (
+            min(kgs) < first_kg
+            or max(kgs) > last_kg
+            or not _well_formed(counts, sizes, payloads, limit)
+        ):
+            self._check_each(kgs, packed, limit)
+        batches = list(zip(kgs, packed, strict=True))
+        nbytes = sum(map(len, sizes)) + sum(map(len, payloads))
+        return CheckedParts(batches, nbytes, sum(counts))
+
+    def _check_each(self, kgs: list[int], packed: list[PackedChanges], limit: int) -> None:
+        """Check the parts one by one, in call order: the first bad one raises its error."""
+        first_kg, last_kg = self.key_group_range
+        for kg, part in zip(kgs, packed, strict=True):
             if not first_kg <= kg <= last_kg:
                 self.check_key_group(kg)  # raises, with the message
-            size = len(payload)
-            if not (
-                n == 1 and len(sizes) == 4 and _u32(sizes, "little") == size and size <= limit
-            ):  # anything but the usual one-change part: the full check
-                _check_part(kg, PackedChanges(n, sizes, payload), limit)
-            add((kg, PackedChanges(n, sizes, payload)))
-            nbytes += len(sizes) + size
-            count += n
-        return CheckedParts(batches, nbytes, count)
+            _check_part(kg, part, limit)
 
     def append(self, key_group: int, packed: PackedChanges) -> None:
         self.append_parts([(key_group, packed)], packed.nbytes)

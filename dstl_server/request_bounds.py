@@ -166,10 +166,12 @@ class _Scan:
     def walk(self, data: bytes, start: int, end: int, shape: Shape) -> None:
         counted = shape.counted
         nested = shape.nested
+        counts = self.counts
+        left = self.left  # kept in a local (an append's parts: a few steps each)
         pos = start
         while pos < end:
-            self.left -= 1
-            if self.left < 0:
+            left -= 1
+            if left < 0:
                 raise InvalidArgument(
                     f"{self.method} request holds too many fields (a {shape.name} of the "
                     "client library never does)"
@@ -182,9 +184,12 @@ class _Scan:
             if field_no == 0:
                 raise _Undecodable("field number 0")
             if wire == 2:
-                if pos < end and data[pos] < 0x80:
+                if pos < end and data[pos] < 0x80:  # lengths below 16384 are read inline
                     length = data[pos]
                     pos += 1
+                elif pos + 1 < end and data[pos + 1] < 0x80:
+                    length = data[pos] & 0x7F | data[pos + 1] << 7
+                    pos += 2
                 else:
                     length, pos = _varint(data, pos, end)
                 stop = pos + length
@@ -192,14 +197,19 @@ class _Scan:
                     raise _Undecodable("a length runs past the end of the message")
                 count = counted.get(field_no)
                 if count is not None:
+                    n = 1
                     if count.packed:  # one element per byte that ends a varint
                         chunk = data[pos:stop]
-                        self._add(count, length - len(chunk.translate(None, _VARINT_ENDS)))
-                    else:
-                        self._add(count, 1)
+                        n = length - len(chunk.translate(None, _VARINT_ENDS))
+                    total = counts.get(id(count), 0) + n
+                    if total > count.limit:
+                        self._add(count, n)  # raises
+                    counts[id(count)] = total
                 inner = nested.get(field_no)  # a counted message may hold bounded lists too
                 if inner is not None:
+                    self.left = left
                     self.walk(data, pos, stop, inner)
+                    left = self.left
                 pos = stop
             elif wire == 0:
                 _, pos = _varint(data, pos, end)
@@ -214,6 +224,7 @@ class _Scan:
                 raise _Undecodable(f"wire type {wire}")
             if pos > end:
                 raise _Undecodable("a field runs past the end of the message")
+        self.left = left
 
     def _add(self, count: Counted, n: int) -> None:
         key = id(count)

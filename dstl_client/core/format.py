@@ -180,20 +180,108 @@ def encode_log_section(
     """Encode the changesets of one writer (ordered by SQN) as a log section.
 
     ``end_sqn`` is the exclusive upper bound of the section's SQN range.
+    Sections of small parts (a checkpoint's changes) are written into one
+    buffer (:func:`_encode_joined`: a few C calls per key group); sections of
+    large parts (a materialization's) keep referring to the parts' own bytes
+    (:func:`_encode_pieces`: no copy of the data). The same bytes either way.
     """
     if len(log_id) != 16:
         raise ValueError("log_id must be 16 bytes")
     if not changesets:
         raise ValueError("a log section needs at least one changeset")
-    first_sqn = changesets[0].sqn
-    by_kg: dict[int, list[Changeset]] = {}
-    prev_sqn = first_sqn - 1
+    prev_sqn = changesets[0].sqn - 1
+    nbytes = nparts = 0
     for cs in changesets:
         if cs.sqn >= end_sqn or cs.sqn <= prev_sqn:
             raise ValueError("changesets must be ordered by SQN and below end_sqn")
         prev_sqn = cs.sqn
-        for kg in cs.groups:
-            by_kg.setdefault(kg, []).append(cs)
+        nbytes += cs.nbytes
+        nparts += cs.nparts
+    # a part is three pieces (changeset head, sizes, payload)
+    if nbytes >= CHAIN_CRC_PIECE_BYTES * 3 * nparts:
+        return _encode_pieces(log_id, changesets, end_sqn)
+    return _encode_joined(log_id, changesets, end_sqn)
+
+
+def _by_key_group(
+    changesets: Sequence[Changeset],
+) -> dict[int, list[tuple[int, Sequence[PackedChanges]]]]:
+    """(SQN, parts) of every changeset per key group, in SQN order."""
+    if len(changesets) == 1:  # a persist's section
+        sqn = changesets[0].sqn
+        return {kg: [(sqn, parts)] for kg, parts in changesets[0].groups.items()}
+    by_kg: dict[int, list[tuple[int, Sequence[PackedChanges]]]] = {}
+    for cs in changesets:
+        sqn = cs.sqn
+        for kg, parts in cs.groups.items():
+            entry = by_kg.get(kg)
+            if entry is None:
+                by_kg[kg] = [(sqn, parts)]
+            else:
+                entry.append((sqn, parts))
+    return by_kg
+
+
+def _encode_joined(log_id: bytes, changesets: Sequence[Changeset], end_sqn: int) -> EncodedSection:
+    """The section in one buffer: its pieces joined once, then each block's CRC and the
+    header written into it (for ordered changesets, checked by the caller)."""
+    by_kg = _by_key_group(changesets)
+    kgs = sorted(by_kg)
+    header_len = _LOG_FIXED.size + _LOG_INDEX.size * len(kgs) + 4
+    flat: list[bytes | memoryview] = [bytes(header_len)]
+    add = flat.append
+    pack_head = _CHANGESET.pack
+    zero = bytes(4)
+    head_size = _CHANGESET.size
+    #: (key group, block offset, block length) per key group, in key-group order
+    index: list[int] = []
+    offset = header_len
+    for kg in kgs:
+        start = offset
+        for sqn, parts in by_kg[kg]:
+            if len(parts) == 1:
+                p = parts[0]
+                sizes = p.sizes
+                payload = p.payload
+                n = len(payload)
+                add(pack_head(sqn, p.count, n))
+                add(sizes)
+                add(payload)
+                offset += head_size + len(sizes) + n
+            else:
+                count = 0
+                payload_len = 0
+                sizes_len = 0
+                for p in parts:
+                    count += p.count
+                    payload_len += len(p.payload)
+                    sizes_len += len(p.sizes)
+                add(pack_head(sqn, count, payload_len))
+                flat.extend([p.sizes for p in parts])
+                flat.extend([p.payload for p in parts])
+                offset += head_size + sizes_len + payload_len
+        add(zero)  # the block's CRC, written below
+        offset += 4
+        index += (kg, start, offset - start)
+    buf = bytearray().join(flat)
+    mv = memoryview(buf)
+    crc_of = _crc32c.crc32c
+    pack_u32 = _U32.pack_into
+    for i in range(1, len(index), 3):
+        crc_at = index[i] + index[i + 1] - 4
+        pack_u32(buf, crc_at, crc_of(mv[index[i] : crc_at]))
+    first_sqn = changesets[0].sqn
+    _LOG_FIXED.pack_into(buf, 0, LOG_MAGIC, log_id, len(kgs), first_sqn, end_sqn)
+    struct.pack_into(f"<{'IQQ' * len(kgs)}", buf, _LOG_FIXED.size, *index)
+    pack_u32(buf, header_len - 4, crc_of(mv[: header_len - 4]))
+    return EncodedSection(log_id, first_sqn, end_sqn, [mv], offset)
+
+
+def _encode_pieces(log_id: bytes, changesets: Sequence[Changeset], end_sqn: int) -> EncodedSection:
+    """The section as a list of chunks referring to the parts' own bytes (no copy of the
+    data; for ordered changesets, checked by the caller)."""
+    first_sqn = changesets[0].sqn
+    by_kg = _by_key_group(changesets)
     kgs = sorted(by_kg)
     header_len = _LOG_FIXED.size + _LOG_INDEX.size * len(kgs) + 4
     blocks: list[tuple[int, int, int, list[bytes | memoryview]]] = []
@@ -207,15 +295,14 @@ def encode_log_section(
         # rather than three per part); the same CRC either way, and the section
         # keeps referring to the parts' own bytes
         piece: list[bytes | memoryview] = []
-        for cs in by_kg[kg]:
-            parts = cs.groups[kg]
+        for sqn, parts in by_kg[kg]:
             if len(parts) == 1:
                 p = parts[0]
-                piece += (pack_head(cs.sqn, p.count, len(p.payload)), p.sizes, p.payload)
+                piece += (pack_head(sqn, p.count, len(p.payload)), p.sizes, p.payload)
             else:
                 count = sum(p.count for p in parts)
                 payload_len = sum(len(p.payload) for p in parts)
-                piece.append(pack_head(cs.sqn, count, payload_len))
+                piece.append(pack_head(sqn, count, payload_len))
                 piece.extend(p.sizes for p in parts)
                 piece.extend(p.payload for p in parts)
         length = sum(map(len, piece))

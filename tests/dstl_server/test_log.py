@@ -8,9 +8,14 @@ and tested in test_uploads.py.
 
 from __future__ import annotations
 
-import pytest
+import struct
+from dataclasses import dataclass
 
-from dstl_client.core.errors import KeyGroupOutOfRange, SqnOutOfRange, WriterClosed
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dstl_client.core.errors import DstlError, KeyGroupOutOfRange, SqnOutOfRange, WriterClosed
 from dstl_client.core.format import pack_changes
 from dstl_server.log import INITIAL_SQN, PART_OVERHEAD_BYTES, WriterLog, held_bytes
 from dstl_server.throttle import MemoryBudget
@@ -126,3 +131,62 @@ async def test_close_drops_everything_unpersisted() -> None:
     assert not wl.active and not wl.not_uploaded and not wl.uploaded
     with pytest.raises(WriterClosed):
         wl.check_open()
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A key-group part as a call carries it."""
+
+    key_group: int
+    count: int
+    sizes: bytes
+    payload: bytes
+
+
+def _part_error(wl: WriterLog, part: _Part, limit: int) -> DstlError | None:
+    """The error of one part checked alone (None: it is fine)."""
+    try:
+        wl.check_parts([part], limit)
+    except DstlError as exc:
+        return exc
+    return None
+
+
+_SIZES = st.lists(st.integers(0, 40), max_size=4)
+
+
+@st.composite
+def _parts(draw: st.DrawFn) -> _Part:
+    sizes = draw(_SIZES)
+    count = (
+        len(sizes) + draw(st.sampled_from([0, 0, 0, -1, 1])) if sizes else draw(st.integers(0, 1))
+    )
+    payload_len = sum(sizes) + draw(st.sampled_from([0, 0, 0, 1, -1]))
+    return _Part(
+        draw(st.sampled_from([4, 5, 7, 3, 8])),
+        max(count, 0),
+        struct.pack(f"<{len(sizes)}I", *sizes) + draw(st.sampled_from([b"", b"", b"\0"])),
+        bytes(max(payload_len, 0)),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_parts(), min_size=1, max_size=6))
+def test_a_call_is_refused_for_its_first_bad_part(parts: list[_Part]) -> None:
+    """The whole call is checked at once; a refused call gets the first bad part's error,
+    the same as that part alone gets, and a call of good parts is taken whole."""
+    wl = new_log()
+    limit = 30
+    errors = [e for e in (_part_error(wl, p, limit) for p in parts) if e is not None]
+    if not errors:
+        checked = wl.check_parts(parts, limit)
+        assert [(kg, (p.count, p.sizes, p.payload)) for kg, p in checked.parts] == [
+            (p.key_group, (p.count, p.sizes, p.payload)) for p in parts
+        ]
+        assert checked.nbytes == sum(len(p.sizes) + len(p.payload) for p in parts)
+        assert checked.count == sum(p.count for p in parts)
+        return
+    with pytest.raises(DstlError) as info:
+        wl.check_parts(parts, limit)
+    assert type(info.value) is type(errors[0])
+    assert str(info.value) == str(errors[0])

@@ -208,3 +208,18 @@ def test_every_method_has_a_limit_that_fits_it() -> None:
     # a small limit of max_request_bytes caps every method's
     small = method_limits(methods, max_request=1 << 20, max_read=BIG, max_control=BIG)
     assert set(small.values()) == {1 << 20}
+
+
+def test_parts_of_every_length_count_and_a_cut_length_does_not_decode() -> None:
+    """Part lengths of one, two and three varint bytes are read alike (the usual one of
+    two bytes inline); a length cut off by the message's end does not decode."""
+    sized = [pb.KeyGroupChanges(key_group=1, payload=b"p" * n) for n in (125, 126, 300, 20_000)]
+    at = [part()] * (MAX_PARTS_PER_REQUEST - len(sized)) + sized
+    check_request("Append", pb.AppendRequest(changes=at).SerializeToString(), BIG)
+    over = pb.AppendRequest(changes=[*at, part()]).SerializeToString()
+    with pytest.raises(InvalidArgument, match="key-group parts"):
+        check_request("Append", over, BIG)
+    ok = pb.AppendRequest(changes=[sized[2]] * 200).SerializeToString()
+    for cut in (b"\x12\x80", b"\x12\xac\x02"):  # a length past the end, two bytes
+        with pytest.raises(InvalidArgument, match="do not decode"):
+            check_request("Append", ok + cut, BIG)

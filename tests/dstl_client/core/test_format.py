@@ -459,3 +459,37 @@ def test_block_crc_chained_over_large_pieces_equals_the_crc_of_the_joined_block(
         (3, 5): [b"s"],
         (7, 5): [b"x", b"yz"],
     }
+
+
+_CHANGE = st.binary(max_size=300)
+_PART = st.lists(_CHANGE, max_size=4).map(pack_changes)
+_GROUPS = st.dictionaries(st.integers(0, 40), st.lists(_PART, min_size=1, max_size=3), max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_GROUPS, min_size=1, max_size=3), st.data())
+def test_one_buffer_encoding_equals_the_chunked_one(
+    groups: list[Mapping[int, Sequence[PackedChanges]]], data: st.DataObject
+) -> None:
+    """Sections of small parts are written into one buffer, of large ones kept as chunks of
+    the parts' own bytes: byte for byte the same section, for any changesets."""
+    if data.draw(st.booleans()):  # now and then a large part, as a materialization's
+        groups[0] = {**groups[0], 41: [pack_changes([os.urandom(20_000)])]}
+    sqns = sorted(
+        data.draw(st.sets(st.integers(0, 50), min_size=len(groups), max_size=len(groups)))
+    )
+    cs = [Changeset(sqn, g) for sqn, g in zip(sqns, groups, strict=True)]
+    end = sqns[-1] + 1
+    joined = format_module._encode_joined(LOG_A, cs, end)
+    chunked = format_module._encode_pieces(LOG_A, cs, end)
+    assert joined.length == chunked.length
+    data_joined = build_object([joined]).data
+    assert data_joined == build_object([chunked]).data
+    assert build_object([encode_log_section(LOG_A, cs, end)]).data == data_joined
+    verify_object(data_joined)
+    expected = {
+        (kg, c.sqn): [x for p in parts for x in split_changes(p.count, p.sizes, p.payload)]
+        for c in cs
+        for kg, parts in c.groups.items()
+    }
+    assert decode_object(data_joined).get(LOG_A, {}) == expected
