@@ -4,10 +4,14 @@
 answered, and the queue gRPC's sending thread takes them from. That thread
 packs every request queued at the moment it looks into one ``MuxRequest``
 (:func:`pack`): the persists a round's writers make together leave in one
-message. A message stays within the connection's ``max_message_bytes``,
-:data:`~dstl_client.core.format.MAX_CALLS_PER_MESSAGE` requests and
-:data:`~dstl_client.core.format.MAX_PARTS_PER_REQUEST` key-group parts (the
-sidecar's bounds); a request that does not fit leads the next message.
+message. A message stays within :data:`~dstl_client.core.format.MAX_CALLS_PER_MESSAGE`
+requests and :data:`~dstl_client.core.format.MAX_PARTS_PER_REQUEST` key-group
+parts (the sidecar's bounds) and carries either one request, as large as the
+writer made it (within the connection's ``max_message_bytes``, as a unary
+call), or several of at most :data:`COALESCE_BYTES` together: the client does
+not know the sidecar's ``max_request_bytes``, and packing two writers' large
+appends into one message could pass it where neither alone does. A request
+that does not fit leads the next message.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from dstl_client.core.format import MAX_CALLS_PER_MESSAGE, MAX_PARTS_PER_REQUEST
 if TYPE_CHECKING:
     from dstl_client.transport import Connection
 
+#: several requests share a message up to this many bytes (a round's persists are small;
+#: large appends gain nothing from sharing one); one request alone may be larger
+COALESCE_BYTES = 1 << 20
 #: the tag of MuxRequest.calls (field 1, length-delimited)
 _CALLS_TAG = b"\x0a"
 
@@ -116,13 +123,14 @@ def pack(
     """
     frames: list[bytes] = []
     size = parts = count = 0
+    shared_bytes = min(max_bytes, COALESCE_BYTES)
     request: pb.SessionRequest | None = first
     while request is not None:
         body = request.SerializeToString()
         frame_size = len(body) + 6
         n = _parts(request)
         if count and (
-            size + frame_size > max_bytes
+            size + frame_size > shared_bytes
             or parts + n > MAX_PARTS_PER_REQUEST
             or count >= MAX_CALLS_PER_MESSAGE
         ):

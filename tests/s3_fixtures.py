@@ -53,9 +53,15 @@ def store_for(s3: SeaweedS3, prefix: str, **overrides: Any) -> S3BlobStore:
     return S3BlobStore(s3.bucket, prefix, **kwargs)
 
 
+#: pids of the session's SeaweedFS servers: they outlive the test that started them
+SESSION_PIDS: set[int] = set()
+
+
 def _session_server(tls: bool) -> Iterator[SeaweedS3]:
     weed = require_weed()
     with SeaweedS3(tls=tls, weed=weed) as s3:
+        if s3.proc is not None:
+            SESSION_PIDS.add(s3.proc.pid)
         yield s3
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import queue
 
-from dstl_client._mux_leg import pack
+from dstl_client._mux_leg import COALESCE_BYTES, pack
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.format import MAX_CALLS_PER_MESSAGE, MAX_PARTS_PER_REQUEST
 
@@ -64,3 +64,13 @@ def test_a_half_close_ends_after_the_requests_before_it() -> None:
     message, carry, count, end = pack(persist(1), q, 1 << 20)
     assert (carry, count, end) == (None, 2, True)
     assert [c.id for c in pb.MuxRequest.FromString(message).calls] == [1, 2]
+
+
+def test_large_requests_of_several_writers_leave_one_message_each() -> None:
+    """Two appends that each fit the sidecar's message limit never share a message (the
+    client does not know that limit: together they could pass it)."""
+    half = persist(1, parts=1, payload=b"x" * (COALESCE_BYTES // 2 + 1))
+    other = persist(2, parts=1, payload=b"y" * (COALESCE_BYTES // 2 + 1))
+    message, carry, count, _ = pack(half, queued(other), 64 << 20)
+    assert count == 1 and carry is other
+    assert len(message) < COALESCE_BYTES
