@@ -23,7 +23,6 @@ from dstl_server.app import DstlServer
 from dstl_server.testing import ServerProcess, running_server
 from tests._helpers import lent
 
-
 # Hypothesis' per-example deadline is a timing assertion: on two cores shared with Spark
 # and sidecar processes one example may take 10x another. Speed is the benchmarks' to
 # check (CONTRIBUTING.md), so the examples run without a deadline.
