@@ -124,10 +124,7 @@ class WriterLane:
         rid = req.id
         which = req.WhichOneof("call")
         calls = self._calls
-        try:
-            calls.enter()
-        except ShuttingDown as exc:
-            self._refuse(rid, exc)
+        if not self._entered(rid):
             return
         handed_over = False
         carries = False
@@ -191,10 +188,7 @@ class WriterLane:
         header = unread.header
         rid = header.request_id
         calls = self._calls
-        try:
-            calls.enter()
-        except ShuttingDown as exc:
-            self._refuse(rid, exc)
+        if not self._entered(rid):
             return
         try:
             if self._full is not None:
@@ -213,6 +207,16 @@ class WriterLane:
         if type(req) is not pb.SessionRequest:
             check_decoded(req)
         await self.handle(req)
+
+    def _entered(self, rid: int) -> bool:
+        """Count request ``rid`` as a call in flight; while draining it is answered with
+        :class:`ShuttingDown` instead (False)."""
+        try:
+            self._calls.enter()
+        except ShuttingDown as exc:
+            self._refuse(rid, exc)
+            return False
+        return True
 
     def refusal(self, rid: int, exc: DstlError, carries: bool) -> None:
         """Answer request ``rid`` with ``exc``; what later requests of the lane get then."""
