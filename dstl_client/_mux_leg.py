@@ -74,10 +74,12 @@ def _varint(n: int) -> bytes:
 def _parts(request: pb.SessionRequest) -> int:
     which = request.WhichOneof("call")
     if which == "append":
-        return len(request.append.changes)
-    if which == "persist":
-        return len(request.persist.changes)
-    return 0
+        call: pb.AppendRequest | pb.PersistRequest = request.append
+    elif which == "persist":
+        call = request.persist
+    else:
+        return 0
+    return len(call.changes) + len(call.packed.key_groups) // 4
 
 
 class MuxLeg:

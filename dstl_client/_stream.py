@@ -326,7 +326,7 @@ class StreamTransport(WriterCalls):
     def append(self, seq: int, buffer: ChangeBuffer) -> int:
         request = pb.SessionRequest()
         request.append.log_id = self.log_id
-        buffer.drain_into(request.append.changes)
+        buffer.drain_to(request.append)
         return int(self._call(request).sqn)
 
     def last_appended_sqn(self, seq: int) -> int:
@@ -341,7 +341,7 @@ class StreamTransport(WriterCalls):
         persist = request.persist
         persist.log_id = self.log_id
         persist.after = after
-        buffer.drain_into(persist.changes)
+        buffer.drain_to(persist)
         answer = self._stream.submit(self._lane, request)
         handle: concurrent.futures.Future[ChangelogHandle] = concurrent.futures.Future()
 

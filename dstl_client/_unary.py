@@ -47,7 +47,7 @@ class UnaryTransport(WriterCalls):
 
     def append(self, seq: int, buffer: ChangeBuffer) -> int:
         request = pb.AppendRequest(log_id=self.log_id, session=self._session, seq=seq)
-        buffer.drain_into(request.changes)
+        buffer.drain_to(request)
         return int(self._with_retry(self.conn.stub.Append, request).sqn)
 
     def last_appended_sqn(self, seq: int) -> int:
@@ -58,7 +58,7 @@ class UnaryTransport(WriterCalls):
         self, seq: int, after: int, buffer: ChangeBuffer
     ) -> concurrent.futures.Future[ChangelogHandle]:
         request = pb.PersistRequest(log_id=self.log_id, after=after, session=self._session, seq=seq)
-        buffer.drain_into(request.changes)
+        buffer.drain_to(request)
         return _RetriedPersist(self.conn, self._gate, request).future
 
     def truncate(self, seq: int, before: int) -> None:
@@ -121,9 +121,8 @@ class _RetriedPersist:
 
     def _send(self) -> None:
         # a persist without changes costs the sidecar nothing: it need not wait its turn
-        if self._request.changes and not self._gate.enter(
-            self._ticket, self._nbytes, self._deadline
-        ):
+        carries = self._request.changes or self._request.HasField("packed")
+        if carries and not self._gate.enter(self._ticket, self._nbytes, self._deadline):
             self._finish(None, self._refusal or _not_sent(self._conn.timeout_s))
             return
         try:

@@ -126,15 +126,25 @@ class ChangelogClient:
             log_id=resp.log_id,
             key_group_range=(first, last),
             max_change_bytes=resp.max_change_bytes,
+            packed=resp.accepts_packed,
         )
 
     def open_writer(
-        self, *, job_id: str, log_id: str, key_group_range: tuple[int, int], max_change_bytes: int
+        self,
+        *,
+        job_id: str,
+        log_id: str,
+        key_group_range: tuple[int, int],
+        max_change_bytes: int,
+        packed: bool = True,
     ) -> ChangelogWriter:
         """A writer for a log the sidecar already has (by its log id); makes no call.
 
         ``max_change_bytes`` is the sidecar's limit as :meth:`create_writer`
-        got it (the writer refuses larger changes before sending them).
+        got it (the writer refuses larger changes before sending them);
+        ``packed`` whether that sidecar accepted packed changes (``writer.packed``
+        of the writer :meth:`create_writer` returned: every sidecar of this
+        release does, an older one answers a packed call with "empty append batch").
         """
         return ChangelogWriter(
             self._writer_transport(log_id),
@@ -144,6 +154,7 @@ class ChangelogClient:
             max_change_bytes,
             batch_bytes=self.batch_bytes,
             max_message_bytes=self.max_message_bytes,
+            packed=packed,
         )
 
     def read_changesets(

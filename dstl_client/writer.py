@@ -92,6 +92,7 @@ class ChangelogWriter:
         *,
         batch_bytes: int,
         max_message_bytes: int,
+        packed: bool = True,
     ) -> None:
         #: how the calls reach the sidecar (built by the client: stream or unary)
         self.transport = transport
@@ -104,7 +105,8 @@ class ChangelogWriter:
         self._room = capacity - PART_FRAMING_BYTES - 4
         #: largest single change accepted: the sidecar's limit, or what fits in a request
         self.max_change_bytes = min(max_change_bytes, self._room)
-        self._buffer = ChangeBuffer(key_group_range, self.max_change_bytes)
+        #: ``packed``: the sidecar accepts a call's changes as one PackedParts
+        self._buffer = ChangeBuffer(key_group_range, self.max_change_bytes, packed=packed)
         self._lock = threading.Lock()
         # numbers the calls that change the log (a failure's place in the call order)
         self._seq = 0
@@ -119,6 +121,12 @@ class ChangelogWriter:
         # resolved once the outcome of the latest persist is settled: a persist's
         # handle is delivered only after every earlier persist's outcome is known
         self._last_persist: concurrent.futures.Future[None] | None = None
+
+    @property
+    def packed(self) -> bool:
+        """Whether the writer sends a call's changes as one ``PackedParts`` (its sidecar
+        said it accepts them; :meth:`ChangelogClient.open_writer` takes it back)."""
+        return self._buffer.packed
 
     @property
     def failed(self) -> DstlError | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -25,7 +25,7 @@ from dstl_client.core.errors import (
 )
 from dstl_client.core.format import MAX_PARTS_PER_REQUEST
 from dstl_server.metrics import ServerMetrics
-from dstl_server.parts import ChangePart, charge_of
+from dstl_server.parts import CallParts, carries_changes, charge_of
 from dstl_server.throttle import MemoryBudget
 
 
@@ -210,7 +210,7 @@ class CallOrder:
 
     @contextlib.asynccontextmanager
     async def turn(
-        self, wl: OrderedWriter, session: int, seq: int, parts: Sequence[ChangePart] = ()
+        self, wl: OrderedWriter, session: int, seq: int, parts: CallParts = ()
     ) -> AsyncIterator[None]:
         """Run the body after the earlier calls of ``session``; ``seq == 0`` is unordered."""
         if not (parts and seq and len(parts) <= MAX_PARTS_PER_REQUEST):
@@ -264,7 +264,7 @@ class CallOrder:
             calls.leave(session, seq)
 
     def changes_land(
-        self, wl: OrderedWriter, session: int, seq: int, parts: Sequence[ChangePart]
+        self, wl: OrderedWriter, session: int, seq: int, parts: CallParts
     ) -> AbstractContextManager[None]:
         """Fail ``session`` if the body (applying ``parts``) raises or is cancelled.
 
@@ -276,12 +276,12 @@ class CallOrder:
 
     @contextlib.contextmanager
     def _landing(
-        self, wl: OrderedWriter, session: int, seq: int, parts: Sequence[ChangePart]
+        self, wl: OrderedWriter, session: int, seq: int, parts: CallParts
     ) -> Iterator[None]:
         try:
             yield
         except BaseException as exc:
-            if any(p.count for p in parts):
+            if carries_changes(parts):
                 why = f"{exc.kind}: {exc.message}" if isinstance(exc, DstlError) else repr(exc)
                 self._fail(
                     wl,

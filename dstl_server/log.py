@@ -12,7 +12,6 @@ import asyncio
 import struct
 import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import attrgetter
@@ -27,7 +26,8 @@ from dstl_client.core.errors import (
 from dstl_client.core.format import MAX_PARTS_PER_REQUEST, Changeset, PackedChanges, check_packed
 from dstl_client.core.handle import ChangelogHandle, HandleEntry
 from dstl_server.call_order import CallSequencer
-from dstl_server.parts import PART_OVERHEAD_BYTES, ChangePart, held_bytes
+from dstl_server.packed_call import PackedCall
+from dstl_server.parts import PART_OVERHEAD_BYTES, CallParts, held_bytes
 from dstl_server.upload_task import UploadTask
 from dstl_server.uploads import Uploads
 
@@ -175,7 +175,7 @@ class WriterLog:
                 f"key group {key_group} is outside writer {self.log_id}'s range [{first}, {last}]"
             )
 
-    def check_parts(self, parts: Sequence[ChangePart], limit: int) -> CheckedParts:
+    def check_parts(self, parts: CallParts, limit: int) -> CheckedParts:
         """Check every part of a call before any is applied (typed errors).
 
         At most ``MAX_PARTS_PER_REQUEST``, at least one; each key group in the
@@ -192,6 +192,8 @@ class WriterLog:
         self.check_open()
         if not parts:
             raise InvalidArgument("empty append batch")
+        if isinstance(parts, PackedCall):
+            return self._check_packed(parts, limit)
         # each field read once (a bytes field of a request is a new object per read),
         # and the whole call checked with C loops; a call that fails anywhere is
         # checked again part by part, for the first bad part's error
@@ -211,6 +213,15 @@ class WriterLog:
         batches = list(zip(kgs, packed, strict=True))
         nbytes = sum(map(len, sizes)) + sum(map(len, payloads))
         return CheckedParts(batches, nbytes, sum(counts))
+
+    def _check_packed(self, call: PackedCall, limit: int) -> CheckedParts:
+        """:meth:`check_parts` of a packed call: totals and bounds over all parts at
+        once; a call that fails a bound is checked part by part, for the error."""
+        kgs, packed, fewest, largest = call.unpack()
+        first_kg, last_kg = self.key_group_range
+        if min(kgs) < first_kg or max(kgs) > last_kg or fewest < 1 or largest > limit:
+            self._check_each(kgs, packed, limit)
+        return CheckedParts(list(zip(kgs, packed, strict=True)), call.nbytes, len(call.sizes) // 4)
 
     def _check_each(self, kgs: list[int], packed: list[PackedChanges], limit: int) -> None:
         """Check the parts one by one, in call order: the first bad one raises its error."""

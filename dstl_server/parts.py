@@ -1,6 +1,8 @@
 """What a writer call carries, and what the memory budget charges for it.
 
-A call's changes come as key-group parts (:class:`ChangePart`); the budget
+A call's changes come as key-group parts (:class:`ChangePart`), one message
+each, or packed in one message (:class:`~dstl_server.packed_call.PackedCall`);
+:func:`parts_of` says which (:data:`CallParts`). The budget
 charges each part its bytes plus :data:`PART_OVERHEAD_BYTES`, when it is
 admitted (:func:`charge_of`) and when it is appended and later freed
 (:func:`held_bytes`), so the two counts agree exactly. Pure; any thread.
@@ -12,7 +14,10 @@ from collections.abc import Sequence
 from operator import attrgetter
 from typing import Protocol
 
+from dstl_client.core._pb import dstl_pb2 as pb
+from dstl_client.core.errors import InvalidArgument
 from dstl_client.core.format import Changeset
+from dstl_server.packed_call import PackedCall
 
 #: what the sidecar holds per appended key-group part beyond its bytes (the
 #: part object, its two bytes objects and its list/dict slots), charged to the
@@ -43,18 +48,40 @@ class ChangePart(Protocol):
     def payload(self) -> bytes: ...
 
 
+#: a call's parts as the writer path passes them: the repeated form or the packed one
+CallParts = Sequence[ChangePart] | PackedCall
+
+
+def parts_of(call: pb.AppendRequest | pb.PersistRequest) -> CallParts:
+    """The parts ``call`` carries, in the form it sent them (typed error: both forms)."""
+    if not call.HasField("packed"):
+        return call.changes
+    if len(call.changes):
+        raise InvalidArgument("a call carries its changes as key-group parts or packed, not both")
+    return PackedCall(call.packed)
+
+
+def carries_changes(parts: CallParts) -> bool:
+    """Whether a call's parts hold at least one change (a refused one fails its session)."""
+    if isinstance(parts, PackedCall):
+        return len(parts.sizes) > 0
+    return any(p.count for p in parts)
+
+
 def held_bytes(changeset: Changeset) -> int:
     """Bytes the budget charges for a changeset: data plus per-part overhead."""
     return changeset.nbytes + PART_OVERHEAD_BYTES * changeset.nparts
 
 
-def charge_of(parts: Sequence[ChangePart]) -> int:
+def charge_of(parts: CallParts) -> int:
     """What the budget charges for a call's parts: their bytes plus per-part overhead.
 
     The same as the registry charges when it appends them, so a call admitted
     with :meth:`~dstl_server.throttle.MemoryBudget.admitted` turns its hold
     into ``used`` exactly.
     """
+    if isinstance(parts, PackedCall):
+        return parts.nbytes + PART_OVERHEAD_BYTES * len(parts)
     # C loops: a bytes field of a request is read (copied) once, no Python frame per part
     items = list(parts)  # a request's list makes an object per element per pass
     data = sum(map(len, map(_sizes_of, items))) + sum(map(len, map(_payload_of, items)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 
 from dstl_client.core._pb import dstl_pb2 as pb
@@ -25,7 +25,7 @@ from dstl_server.forwarder import ParentForwarder
 from dstl_server.handle_size import RESPONSE_MARGIN_BYTES, check_travels
 from dstl_server.log import PendingPersist, WriterLog
 from dstl_server.metrics import ServerMetrics
-from dstl_server.parts import ChangePart
+from dstl_server.parts import CallParts
 from dstl_server.settings import ServerSettings
 from dstl_server.throttle import MemoryBudget
 from dstl_server.uploader import Uploader
@@ -177,7 +177,7 @@ class LogRegistry:
 
     # ---------------------------------------------------------------- ordered calls
     def _turn(
-        self, log_id: str, session: int, seq: int, parts: Sequence[ChangePart] = ()
+        self, log_id: str, session: int, seq: int, parts: CallParts = ()
     ) -> AbstractAsyncContextManager[WriterLog]:
         """The writer of a call, in the call's turn: the one preamble of every ordered call.
 
@@ -191,14 +191,12 @@ class LogRegistry:
 
     @contextlib.asynccontextmanager
     async def _ordered(
-        self, wl: WriterLog, session: int, seq: int, parts: Sequence[ChangePart]
+        self, wl: WriterLog, session: int, seq: int, parts: CallParts
     ) -> AsyncIterator[WriterLog]:
         async with self.order.turn(wl, session, seq, parts):
             yield wl
 
-    async def append(
-        self, log_id: str, parts: Sequence[ChangePart], *, session: int = 0, seq: int = 0
-    ) -> int:
+    async def append(self, log_id: str, parts: CallParts, *, session: int = 0, seq: int = 0) -> int:
         """Append a call's parts (all or nothing) in its turn; return their SQN."""
         async with self._turn(log_id, session, seq, parts) as wl:
             if not parts:
@@ -224,7 +222,7 @@ class LogRegistry:
         self,
         log_id: str,
         after: int,
-        parts: Sequence[ChangePart] = (),
+        parts: CallParts = (),
         *,
         session: int = 0,
         seq: int = 0,
@@ -243,7 +241,7 @@ class LogRegistry:
         self,
         log_id: str,
         after: int,
-        parts: Sequence[ChangePart] = (),
+        parts: CallParts = (),
         *,
         session: int = 0,
         seq: int = 0,
@@ -268,7 +266,7 @@ class LogRegistry:
         async with self._turn(log_id, session, seq):
             self.budget.release(self._open(log_id).truncate(before))
 
-    async def _append(self, log_id: str, parts: Sequence[ChangePart]) -> int:
+    async def _append(self, log_id: str, parts: CallParts) -> int:
         """Check every part first (the writer's), charge them, then append them all."""
         wl = self._called(log_id)  # closed while the call waited for its turn: LogNotFound
         checked = wl.check_parts(parts, self.settings.max_change_bytes)

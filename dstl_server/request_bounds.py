@@ -61,13 +61,20 @@ class Counted:
     """A bounded repeated field: at most ``limit`` elements, else ``error``.
 
     ``packed``: a repeated scalar whose occurrences may be packed (a
-    length-delimited run of varints, each one element).
+    length-delimited run of varints, each one element). ``width``: a bytes
+    field of fixed-width elements (``dstl.v1.PackedParts.key_groups``: one
+    u32 per part), each occurrence ``length // width`` elements. ``tally``:
+    the name its elements are counted under, shared by the fields that hold
+    the same thing in two forms (a call's parts, repeated or packed); empty:
+    its own count.
     """
 
     what: str
     limit: int
     error: type[DstlError] = InvalidArgument
     packed: bool = False
+    width: int = 0
+    tally: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +92,21 @@ class Shape:
         return own + sum(s.visit_limit() for s in self.nested.values()) + _SCALAR_FIELD_ALLOWANCE
 
 
-def _parts(field_no: int, name: str) -> Shape:
+def _parts(field_no: int, packed_no: int, name: str) -> Shape:
+    """A call's parts: repeated (``field_no``) and packed (``packed_no``) count together."""
     what = "key-group parts in one request"
-    counted = Counted(what, MAX_PARTS_PER_REQUEST, InvalidArgument)
-    return Shape(name, counted={field_no: counted})
+    tally = f"{name} parts"
+    counted = Counted(what, MAX_PARTS_PER_REQUEST, InvalidArgument, tally=tally)
+    packed = Counted(what, MAX_PARTS_PER_REQUEST, InvalidArgument, width=4, tally=tally)
+    return Shape(
+        name,
+        counted={field_no: counted},
+        nested={packed_no: Shape("PackedParts", counted={1: packed})},
+    )
 
 
-_APPEND = _parts(2, "AppendRequest")
-_PERSIST = _parts(3, "PersistRequest")
+_APPEND = _parts(2, 3, "AppendRequest")
+_PERSIST = _parts(3, 4, "PersistRequest")
 _SESSION = Shape("SessionRequest", nested={2: _APPEND, 4: _PERSIST})
 _HANDLE = Shape("Handle", counted={8: Counted("handle entries", MAX_ENTRIES, InvalidHandle)})
 
@@ -139,7 +153,7 @@ def _unscanned_bytes(shape: Shape) -> int:
     takes 2 bytes or more, an element of a packed list 1 or more."""
     bound = 2 * shape.visit_limit()
     for c in shape.counted.values():
-        bound = min(bound, c.limit if c.packed else 2 * c.limit)
+        bound = min(bound, c.limit if c.packed else c.width * c.limit or 2 * c.limit)
     for inner in shape.nested.values():
         bound = min(bound, _unscanned_bytes(inner))
     return bound
@@ -160,7 +174,7 @@ class _Scan:
 
     def __init__(self, method: str, visits: int) -> None:
         self.method = method
-        self.counts: dict[int, int] = {}
+        self.counts: dict[int | str, int] = {}
         self.left = visits
 
     def walk(self, data: bytes, start: int, end: int, shape: Shape) -> None:
@@ -201,10 +215,13 @@ class _Scan:
                     if count.packed:  # one element per byte that ends a varint
                         chunk = data[pos:stop]
                         n = length - len(chunk.translate(None, _VARINT_ENDS))
-                    total = counts.get(id(count), 0) + n
+                    elif count.width:
+                        n = length // count.width
+                    tally = count.tally or id(count)
+                    total = counts.get(tally, 0) + n
                     if total > count.limit:
                         self._add(count, n)  # raises
-                    counts[id(count)] = total
+                    counts[tally] = total
                 inner = nested.get(field_no)  # a counted message may hold bounded lists too
                 if inner is not None:
                     self.left = left
@@ -227,7 +244,7 @@ class _Scan:
         self.left = left
 
     def _add(self, count: Counted, n: int) -> None:
-        key = id(count)
+        key = count.tally or id(count)
         total = self.counts.get(key, 0) + n
         if total > count.limit:
             raise count.error(
@@ -279,10 +296,10 @@ def check_request(method: str, data: bytes, limit: int) -> None:
 
 
 # ------------------------------------------------------------ writer call headers
-#: field numbers of the changes of AppendRequest / PersistRequest, and of the
-#: SessionRequest calls that carry them (append, persist)
-_CHANGES_FIELD = {"Append": 2, "PersistDurably": 3}
-_SESSION_CALLS_WITH_CHANGES = {2: 2, 4: 3}
+#: field numbers of the changes (repeated, packed) of AppendRequest / PersistRequest,
+#: and of the SessionRequest calls that carry them (append, persist)
+_CHANGES_FIELD = {"Append": (2, 3), "PersistDurably": (3, 4)}
+_SESSION_CALLS_WITH_CHANGES = {2: (2, 3), 4: (3, 4)}
 _SESSION_ID_FIELD = 1
 _LOG_ID_FIELD = 1
 _SESSION_FIELD = 14
@@ -334,13 +351,13 @@ def call_header(method: str, data: bytes) -> CallHeader | None:
         return None
 
 
-def _writer_call(data: bytes, start: int, end: int, changes_field: int) -> CallHeader:
+def _writer_call(data: bytes, start: int, end: int, changes_fields: tuple[int, int]) -> CallHeader:
     log_id = ""
     session = seq = 0
     changes = False
     for field_no, pos, value in _fields(data, start, end):
         if pos >= 0:
-            if field_no == changes_field:
+            if field_no in changes_fields:
                 changes = True
             elif field_no == _LOG_ID_FIELD:
                 log_id = data[pos:value].decode()

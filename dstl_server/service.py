@@ -25,6 +25,7 @@ from dstl_client.core.reader import HandleReader
 from dstl_server.auth import Principal, check_job, check_node
 from dstl_server.calls import Calls, check_decoded, unary
 from dstl_server.handle_size import RESPONSE_MARGIN_BYTES
+from dstl_server.parts import parts_of
 from dstl_server.request_bounds import MAX_DISCARD_KEYS, MAX_READ_KEY_GROUPS
 from dstl_server.storage.base import BlobStore, validate_key
 
@@ -122,6 +123,7 @@ class ChangelogService:
             server_epoch=self.epoch,
             initial_sqn=wl.active_sqn,
             max_change_bytes=self.registry.settings.max_change_bytes,
+            accepts_packed=True,
         )
 
     @unary
@@ -133,7 +135,7 @@ class ChangelogService:
     ) -> pb.AppendResponse:
         self.registry.owned(caller, request.log_id)
         sqn = await self.registry.append(
-            request.log_id, request.changes, session=request.session, seq=request.seq
+            request.log_id, parts_of(request), session=request.session, seq=request.seq
         )
         return pb.AppendResponse(sqn=sqn)
 
@@ -161,7 +163,7 @@ class ChangelogService:
         handle = await self.registry.persist(
             request.log_id,
             request.after,
-            request.changes,
+            parts_of(request),
             session=request.session,
             seq=request.seq,
         )

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
@@ -45,7 +44,7 @@ from dstl_client.core.errors import (
 )
 from dstl_server.calls import Calls, Unread, check_decoded
 from dstl_server.log import PendingPersist
-from dstl_server.parts import charge_of
+from dstl_server.parts import CallParts, charge_of, parts_of
 
 if TYPE_CHECKING:
     from dstl_server.auth import Principal
@@ -138,20 +137,20 @@ class WriterLane:
                 call = req.append
                 log_id = self.bind(call.log_id)
                 self._check_lost()
-                with self._admitted(log_id, call.changes):
-                    sqn = await self._registry.append(log_id, call.changes)
+                parts = parts_of(call)
+                with self._admitted(log_id, parts):
+                    sqn = await self._registry.append(log_id, parts)
                 self._outbox.put(pb.SessionResponse(id=rid, sqn=sqn))
             elif which == "persist":
                 persist = req.persist
-                carries = len(persist.changes) > 0
+                carries = len(persist.changes) > 0 or persist.HasField("packed")
                 log_id = self.bind(persist.log_id)
                 self._check_lost()
+                parts = parts_of(persist)
                 await self._slots.acquire()
                 try:
-                    with self._admitted(log_id, persist.changes):
-                        pending = await self._registry.begin_persist(
-                            log_id, persist.after, persist.changes
-                        )
+                    with self._admitted(log_id, parts):
+                        pending = await self._registry.begin_persist(log_id, persist.after, parts)
                 except BaseException:
                     self._slots.release()
                     raise
@@ -240,9 +239,7 @@ class WriterLane:
         if self._lost is not None:
             raise self._lost
 
-    def _admitted(
-        self, log_id: str, parts: Sequence[pb.KeyGroupChanges]
-    ) -> AbstractContextManager[None]:
+    def _admitted(self, log_id: str, parts: CallParts) -> AbstractContextManager[None]:
         """The budget's hold of a request's changes while it runs (none for no changes)."""
         if not parts:
             return contextlib.nullcontext()

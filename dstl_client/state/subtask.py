@@ -179,6 +179,7 @@ class Subtask:
                 log_id=log_id,
                 key_group_range=self.kg_range.as_tuple(),
                 max_change_bytes=int(store.meta("max_change_bytes", "0") or 0) or (4 << 20),
+                packed=store.meta("packed", "1") == "1",
             )
             self._writer = writer  # a failure from here on abandons its log
             try:
@@ -195,6 +196,7 @@ class Subtask:
         store.set_meta(
             log_id=writer.log_id,
             max_change_bytes=writer.max_change_bytes,
+            packed=int(writer.packed),
             truncated_before=0,
         )
         self._writer = writer

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dstl_client._buffer import ChangeBuffer
+from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import ChangeTooLarge, InvalidArgument, KeyGroupOutOfRange
 from dstl_client.core.format import PackedChanges, check_packed, pack_changes, split_changes
 
@@ -82,3 +85,41 @@ def test_checks_do_not_change_the_buffer() -> None:
     with pytest.raises(KeyGroupOutOfRange):
         buf.check(1, 1)
     assert (buf.count, buf.nbytes, buf.drain()) == (0, 0, [])
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 9), st.binary(max_size=20)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_drain_packed_holds_the_same_parts_as_drain(appended: list[tuple[int, bytes]]) -> None:
+    """The packed form (four byte strings) is the repeated form's parts, in order."""
+    one, two = (ChangeBuffer((0, 9), max_change_bytes=100) for _ in range(2))
+    for buf in (one, two):
+        for kg, data in appended:
+            buf.add(kg, data)
+    parts = one.drain()
+    req = pb.AppendRequest()
+    two.drain_to(req)
+    assert not req.changes and req.HasField("packed")
+    p = req.packed
+    n = len(parts)
+    assert struct.unpack(f"<{n}I", p.key_groups) == tuple(m.key_group for m in parts)
+    assert struct.unpack(f"<{n}I", p.counts) == tuple(m.count for m in parts)
+    assert p.sizes == b"".join(m.sizes for m in parts)
+    assert p.payload == b"".join(m.payload for m in parts)
+    assert (two.count, two.nbytes) == (0, 0)
+
+
+def test_drain_to_fills_the_form_the_sidecar_accepts_and_nothing_when_empty() -> None:
+    old = ChangeBuffer((0, 9), max_change_bytes=100, packed=False)
+    old.add(3, b"x")
+    req = pb.PersistRequest()
+    old.drain_to(req)
+    assert len(req.changes) == 1 and not req.HasField("packed")
+    empty = pb.PersistRequest()
+    ChangeBuffer((0, 9), max_change_bytes=100).drain_to(empty)
+    assert not empty.changes and not empty.HasField("packed")

@@ -63,6 +63,7 @@ class CreateWriterResponse(_message.Message):
     SERVER_EPOCH_FIELD_NUMBER: _builtins.int
     INITIAL_SQN_FIELD_NUMBER: _builtins.int
     MAX_CHANGE_BYTES_FIELD_NUMBER: _builtins.int
+    ACCEPTS_PACKED_FIELD_NUMBER: _builtins.int
     log_id: _builtins.str
     """Unique, unguessable id of the writer's log (32 hex digits)."""
     server_epoch: _builtins.str
@@ -71,6 +72,11 @@ class CreateWriterResponse(_message.Message):
     """The SQN the first changeset gets."""
     max_change_bytes: _builtins.int
     """Largest single change the sidecar accepts, in bytes."""
+    accepts_packed: _builtins.bool
+    """The sidecar accepts a call's changes as one PackedParts (`packed`); a
+    client sends `changes` (repeated KeyGroupChanges) to a sidecar that does
+    not say so (an older one).
+    """
     def __init__(
         self,
         *,
@@ -78,10 +84,11 @@ class CreateWriterResponse(_message.Message):
         server_epoch: _builtins.str = ...,
         initial_sqn: _builtins.int = ...,
         max_change_bytes: _builtins.int = ...,
+        accepts_packed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["initial_sqn", b"initial_sqn", "log_id", b"log_id", "max_change_bytes", b"max_change_bytes", "server_epoch", b"server_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepts_packed", b"accepts_packed", "initial_sqn", b"initial_sqn", "log_id", b"log_id", "max_change_bytes", b"max_change_bytes", "server_epoch", b"server_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -122,6 +129,43 @@ class KeyGroupChanges(_message.Message):
 Global___KeyGroupChanges: _TypeAlias = KeyGroupChanges  # noqa: Y015
 
 @_typing.final
+class PackedParts(_message.Message):
+    """A call's key-group parts in four byte strings instead of one message per
+    part: the same parts as repeated KeyGroupChanges, in the same order, so
+    that neither side handles a message per key group. Integers are
+    little-endian uint32. Part i is key group `key_groups[i]` with `counts[i]`
+    (at least 1) changes; `sizes` holds every change's length, part after
+    part (4 * sum(counts) bytes); `payload` the changes back to back (the sum
+    of the sizes). A call carries `changes` or `packed`, never both.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_GROUPS_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    SIZES_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    key_groups: _builtins.bytes
+    counts: _builtins.bytes
+    sizes: _builtins.bytes
+    payload: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        key_groups: _builtins.bytes = ...,
+        counts: _builtins.bytes = ...,
+        sizes: _builtins.bytes = ...,
+        payload: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "key_groups", b"key_groups", "payload", b"payload", "sizes", b"sizes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PackedParts: _TypeAlias = PackedParts  # noqa: Y015
+
+@_typing.final
 class AppendRequest(_message.Message):
     """`seq` (on every call that changes a writer's log) numbers the calls of one
     client session of the writer 1, 2, 3... in the order the client made them;
@@ -135,6 +179,7 @@ class AppendRequest(_message.Message):
 
     LOG_ID_FIELD_NUMBER: _builtins.int
     CHANGES_FIELD_NUMBER: _builtins.int
+    PACKED_FIELD_NUMBER: _builtins.int
     SESSION_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     log_id: _builtins.str
@@ -142,17 +187,20 @@ class AppendRequest(_message.Message):
     seq: _builtins.int
     @_builtins.property
     def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___KeyGroupChanges]: ...
+    @_builtins.property
+    def packed(self) -> Global___PackedParts: ...
     def __init__(
         self,
         *,
         log_id: _builtins.str = ...,
         changes: _abc.Iterable[Global___KeyGroupChanges] | None = ...,
+        packed: Global___PackedParts | None = ...,
         session: _builtins.int = ...,
         seq: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["packed", b"packed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "log_id", b"log_id", "seq", b"seq", "session", b"session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "log_id", b"log_id", "packed", b"packed", "seq", b"seq", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -229,6 +277,7 @@ class PersistRequest(_message.Message):
     LOG_ID_FIELD_NUMBER: _builtins.int
     AFTER_FIELD_NUMBER: _builtins.int
     CHANGES_FIELD_NUMBER: _builtins.int
+    PACKED_FIELD_NUMBER: _builtins.int
     SESSION_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     log_id: _builtins.str
@@ -241,18 +290,21 @@ class PersistRequest(_message.Message):
         trip per checkpoint; same validation as Append, all or nothing).
         """
 
+    @_builtins.property
+    def packed(self) -> Global___PackedParts: ...
     def __init__(
         self,
         *,
         log_id: _builtins.str = ...,
         after: _builtins.int = ...,
         changes: _abc.Iterable[Global___KeyGroupChanges] | None = ...,
+        packed: Global___PackedParts | None = ...,
         session: _builtins.int = ...,
         seq: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["packed", b"packed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "changes", b"changes", "log_id", b"log_id", "seq", b"seq", "session", b"session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "changes", b"changes", "log_id", b"log_id", "packed", b"packed", "seq", b"seq", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
