@@ -15,6 +15,8 @@ Shapes (128-byte changes, as ``make bench-core``'s checkpoint phase):
   (a 64-writer checkpoint's section);
 - ``two-changesets``: two changesets of 85 key groups each, half of them shared;
 - ``many-parts``: one changeset, one key group of 1,000 one-change parts;
+- ``mixed-parts``: one changeset of 85 key groups, half of them of 2-3 parts
+  (a writer that sent a key group's changes in several appends);
 - ``object-64``: 64 ``checkpoint`` sections encoded and built into one object
   (:func:`~dstl_client.core.format.build_object`): a flush's whole encoding.
 
@@ -73,6 +75,18 @@ def shapes(seed: int = 1) -> list[Shape]:
             [(7, _checkpoint_groups(rng, first)), (8, _checkpoint_groups(rng, second))],
         ),
         Shape("many-parts", [(7, {5: [_changes(rng, 1) for _ in range(1000)]})]),
+        Shape(
+            "mixed-parts",
+            [
+                (
+                    7,
+                    {
+                        kg: [_changes(rng, 1) for _ in range(rng.choice((1, 1, 2, 3)))]
+                        for kg in first
+                    },
+                )
+            ],
+        ),
         Shape("object-64", [(7, one)], sections=64),
     ]
 

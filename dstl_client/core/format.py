@@ -260,9 +260,10 @@ def _encode_joined(log_id: bytes, changesets: Sequence[Changeset], end_sqn: int)
 def _changeset_blocks(changeset: Changeset, kgs: Sequence[int]) -> list[bytes]:
     """The changeset's entry (head, sizes, payload) in the block of each key group of ``kgs``.
 
-    A key group of one part (what a checkpoint's changeset holds): the head and the
-    part's bytes joined, in one comprehension; a changeset with a key group of several
-    parts (or none) takes :func:`_entry`, which merges them, for every key group.
+    Key groups of one part each (what a checkpoint's changeset holds): one
+    comprehension, the head and the part's bytes joined. A changeset with a key
+    group of several parts (or none) drops that and goes key group by key group,
+    the same entry for a part alone, :func:`_entry` (its parts merged) for the others.
     """
     sqn = changeset.sqn
     head = _CHANGESET.pack
@@ -272,7 +273,15 @@ def _changeset_blocks(changeset: Changeset, kgs: Sequence[int]) -> list[bytes]:
             head(sqn, p.count, len(p.payload)) + p.sizes + p.payload for (p,) in map(parts_of, kgs)
         ]
     except ValueError:  # a key group whose parts are not exactly one
-        return [_entry(sqn, parts) for parts in map(parts_of, kgs)]
+        pass
+    blocks: list[bytes] = []
+    for parts in map(parts_of, kgs):
+        if len(parts) == 1:
+            (p,) = parts
+            blocks.append(head(sqn, p.count, len(p.payload)) + p.sizes + p.payload)
+        else:
+            blocks.append(_entry(sqn, parts))
+    return blocks
 
 
 def _entry(sqn: int, parts: Sequence[PackedChanges]) -> bytes:
