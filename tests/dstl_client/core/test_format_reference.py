@@ -172,6 +172,9 @@ def test_one_key_group_of_many_parts_equals_the_reference_encoding(
         {3: [pack_changes([])]},  # a part of no change (count 0)
         {3: []},  # a key group of no part: an empty changeset in its block
         {3: [pack_changes([b"a"])], 4: [], 5: [pack_changes([]), pack_changes([b"bc"])]},
+        # one-part key groups first, the key group of several parts last (the fast
+        # comprehension gets far before it gives way)
+        {**{kg: [pack_changes([bytes([kg])])] for kg in range(50)}, 99: [pack_changes([b"p"])] * 2},
     ],
 )
 def test_edge_shapes_equal_the_reference_encoding(
