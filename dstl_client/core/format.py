@@ -36,6 +36,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import crc32c as _crc32c
 
@@ -223,58 +224,88 @@ def _by_key_group(
 
 
 def _encode_joined(log_id: bytes, changesets: Sequence[Changeset], end_sqn: int) -> EncodedSection:
-    """The section in one buffer: its pieces joined once, then each block's CRC and the
-    header written into it (for ordered changesets, checked by the caller)."""
-    by_kg = _by_key_group(changesets)
-    kgs = sorted(by_kg)
-    header_len = _LOG_FIXED.size + _LOG_INDEX.size * len(kgs) + 4
-    flat: list[bytes | memoryview] = [bytes(header_len)]
-    add = flat.append
-    pack_head = _CHANGESET.pack
-    zero = bytes(4)
-    head_size = _CHANGESET.size
-    #: (key group, block offset, block length) per key group, in key-group order
-    index: list[int] = []
-    offset = header_len
-    for kg in kgs:
-        start = offset
-        for sqn, parts in by_kg[kg]:
-            if len(parts) == 1:
-                p = parts[0]
-                sizes = p.sizes
-                payload = p.payload
-                n = len(payload)
-                add(pack_head(sqn, p.count, n))
-                add(sizes)
-                add(payload)
-                offset += head_size + len(sizes) + n
-            else:
-                count = 0
-                payload_len = 0
-                sizes_len = 0
-                for p in parts:
-                    count += p.count
-                    payload_len += len(p.payload)
-                    sizes_len += len(p.sizes)
-                add(pack_head(sqn, count, payload_len))
-                flat.extend([p.sizes for p in parts])
-                flat.extend([p.payload for p in parts])
-                offset += head_size + sizes_len + payload_len
-        add(zero)  # the block's CRC, written below
-        offset += 4
-        index += (kg, start, offset - start)
-    buf = bytearray().join(flat)
-    mv = memoryview(buf)
-    crc_of = _crc32c.crc32c
-    pack_u32 = _U32.pack_into
-    for i in range(1, len(index), 3):
-        crc_at = index[i] + index[i + 1] - 4
-        pack_u32(buf, crc_at, crc_of(mv[index[i] : crc_at]))
+    """The section in one buffer: each key-group block's changesets joined into one bytes
+    object, its CRC computed over that, and the blocks, CRCs and header joined (for
+    ordered changesets, checked by the caller).
+
+    Built for the checkpoint's section, one changeset of ~100 key groups of a part each:
+    one comprehension makes the blocks, and C loops (``map``, ``accumulate``, extended
+    slices, one ``struct`` call for the index) do the rest, so a key group costs a few C
+    calls and hardly any bytecode.
+    """
+    if len(changesets) == 1:  # a persist's section
+        kgs = sorted(changesets[0].groups)
+        blocks = _changeset_blocks(changesets[0], kgs)
+    else:
+        kgs, blocks = _merged_blocks(changesets)
+    n = len(kgs)
+    header_len = _LOG_FIXED.size + _LOG_INDEX.size * n + 4
+    lengths = [len(block) + 4 for block in blocks]  # each with its CRC
+    offsets = list(accumulate(lengths, initial=header_len))
+    index: list[int] = [0] * (3 * n)  # (key group, block offset, block length) per block
+    index[0::3] = kgs
+    index[1::3] = offsets[:-1]
+    index[2::3] = lengths
     first_sqn = changesets[0].sqn
-    _LOG_FIXED.pack_into(buf, 0, LOG_MAGIC, log_id, len(kgs), first_sqn, end_sqn)
-    struct.pack_into(f"<{'IQQ' * len(kgs)}", buf, _LOG_FIXED.size, *index)
-    pack_u32(buf, header_len - 4, crc_of(mv[: header_len - 4]))
-    return EncodedSection(log_id, first_sqn, end_sqn, [mv], offset)
+    header = _LOG_FIXED.pack(LOG_MAGIC, log_id, n, first_sqn, end_sqn) + struct.pack(
+        f"<{'IQQ' * n}", *index
+    )
+    pieces = [header, _U32.pack(crc32c(header))] * (n + 1)
+    pieces[2::2] = blocks
+    pieces[3::2] = map(_U32.pack, map(_crc32c.crc32c, blocks))
+    # one chunk: an object of many sections builds faster than from thousands of pieces
+    return EncodedSection(log_id, first_sqn, end_sqn, [b"".join(pieces)], offsets[-1])
+
+
+def _changeset_blocks(changeset: Changeset, kgs: Sequence[int]) -> list[bytes]:
+    """The changeset's entry (head, sizes, payload) in the block of each key group of ``kgs``.
+
+    Key groups of one part each (what a checkpoint's changeset holds): one
+    comprehension, the head and the part's bytes joined. A changeset with a key
+    group of several parts (or none) drops that and goes key group by key group,
+    the same entry for a part alone, :func:`_entry` (its parts merged) for the others.
+    """
+    sqn = changeset.sqn
+    head = _CHANGESET.pack
+    parts_of = changeset.groups.__getitem__
+    try:
+        return [
+            head(sqn, p.count, len(p.payload)) + p.sizes + p.payload for (p,) in map(parts_of, kgs)
+        ]
+    except ValueError:  # a key group whose parts are not exactly one
+        pass
+    blocks: list[bytes] = []
+    for parts in map(parts_of, kgs):
+        if len(parts) == 1:
+            (p,) = parts
+            blocks.append(head(sqn, p.count, len(p.payload)) + p.sizes + p.payload)
+        else:
+            blocks.append(_entry(sqn, parts))
+    return blocks
+
+
+def _entry(sqn: int, parts: Sequence[PackedChanges]) -> bytes:
+    """One changeset in a key-group block: its parts merged under one head."""
+    sizes = [p.sizes for p in parts]
+    payloads = [p.payload for p in parts]
+    head = _CHANGESET.pack(sqn, sum([p.count for p in parts]), sum(map(len, payloads)))
+    return b"".join([head, *sizes, *payloads])
+
+
+def _merged_blocks(changesets: Sequence[Changeset]) -> tuple[list[int], list[bytes]]:
+    """Key groups (ascending) and their blocks (without CRC) of several changesets: the
+    entries of one key group joined in SQN order."""
+    entries: dict[int, list[bytes]] = {}
+    for cs in changesets:
+        kgs = list(cs.groups)
+        for kg, entry in zip(kgs, _changeset_blocks(cs, kgs), strict=True):
+            held = entries.get(kg)
+            if held is None:
+                entries[kg] = [entry]
+            else:
+                held.append(entry)
+    kgs = sorted(entries)
+    return kgs, list(map(b"".join, map(entries.__getitem__, kgs)))
 
 
 def _encode_pieces(log_id: bytes, changesets: Sequence[Changeset], end_sqn: int) -> EncodedSection:
