@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from loadtest.bench.goals import targets
 from tests.loadtest._procs import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,3 +118,17 @@ def test_a_failing_writer_fails_the_run(tmp_path: Path) -> None:
     assert "bench failed" in proc.stderr and "ChangeTooLarge" in proc.stderr
     assert not (tmp_path / "reports").exists()  # no report of a failed run
     assert processes_mentioning(str(tmp_path / "work")) == []
+
+
+@pytest.mark.parametrize(
+    ("cpus", "goals"), [(2, ("<= 15 ms", "<= 30 ms")), (16, ("< 5 ms", "< 20 ms"))]
+)
+def test_the_latency_goals_follow_the_machines_cores(
+    quick_run: tuple[subprocess.CompletedProcess[str], Path], cpus: int, goals: tuple[str, str]
+) -> None:
+    """2 cores: the hot-path issue's 15 / 30 ms; 16 or more: 5 / 20 ms (see config)."""
+    report = _report(quick_run)
+    report["machine"]["cpus"] = cpus
+    latency = [t for t in targets(report) if t["target"].startswith("added persist latency")]
+    assert [t["goal"] for t in latency] == list(goals)
+    assert all(f"{cpus} cores" in t["target"] for t in latency)
