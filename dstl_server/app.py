@@ -89,7 +89,9 @@ class DstlServer:
         # With a parent (forwarding tree), small flushes go to it; else it is None.
         self.forwarder = ParentForwarder.from_settings(settings, self.metrics)
         self.registry = LogRegistry(settings, self.uploader, self.metrics, self.forwarder)
-        self.auth = Authenticator.from_settings(settings)
+        self.auth = Authenticator.from_settings(
+            settings, self.metrics.auth_previous_secret_uses.inc
+        )
         # one call lifecycle (gate, principal, bounds, answers) for the service's
         # methods and the Session stream's requests
         self.calls = Calls(self.registry, self.metrics, self.auth)

@@ -123,6 +123,7 @@ class Authenticator:
         previous_secret: str = "",
         previous_until: float | None = None,
         clock: Callable[[], float] = time.time,
+        on_previous_use: Callable[[], object] = lambda: None,
     ) -> None:
         self._key = secret.strip().encode()
         if not self._key:
@@ -134,12 +135,19 @@ class Authenticator:
         self._clock = clock
         self._previous_logged: set[Principal] = set()
         self._lock = threading.Lock()
-        #: calls authenticated with the previous secret (a rotation is done when it stops growing)
+        #: calls authenticated with the previous secret (a rotation is done when it stops
+        #: growing); each also calls ``on_previous_use`` (the sidecar's metric)
         self.previous_secret_uses = 0
+        self._on_previous_use = on_previous_use
 
     @classmethod
-    def from_settings(cls, settings: ServerSettings) -> Authenticator | None:
-        """The sidecar's authenticator; None when no secret is configured (auth off)."""
+    def from_settings(
+        cls, settings: ServerSettings, on_previous_use: Callable[[], object] = lambda: None
+    ) -> Authenticator | None:
+        """The sidecar's authenticator; None when no secret is configured (auth off).
+
+        ``on_previous_use`` is called for each call authenticated with the previous
+        secret (``dstl_auth_previous_secret_uses_total``)."""
         if not settings.auth_secret:
             return None
         until = settings.auth_previous_deadline
@@ -153,6 +161,7 @@ class Authenticator:
             settings.auth_secret,
             previous_secret=settings.auth_previous_secret,
             previous_until=until,
+            on_previous_use=on_previous_use,
         )
 
     # ------------------------------------------------------------------ minting
@@ -235,6 +244,7 @@ class Authenticator:
     def _used_previous(self, who: Principal) -> None:
         with self._lock:
             self.previous_secret_uses += 1
+            self._on_previous_use()
             first = who not in self._previous_logged
             if first and len(self._previous_logged) < _MAX_PREVIOUS_LOGGED:
                 self._previous_logged.add(who)

@@ -211,6 +211,12 @@ class ServerMetrics:
             ["reason"],
             registry=r,
         )
+        self.auth_previous_secret_uses = Counter(
+            "dstl_auth_previous_secret_uses",
+            "Calls authenticated with a token of the previous auth secret (a rotation is "
+            "done when it stops growing)",
+            registry=r,
+        )
         self.persists_abandoned = Counter(
             "dstl_persists_abandoned",
             "Persist calls cut off because shutdown ran out of grace before their upload ended",

@@ -98,9 +98,13 @@ def test_rotating_the_node_secret(tmp_path: Path) -> None:
         with ChangelogClient(proc.address, token=old_token, timeout_s=20) as job:
             assert read(job, before) == [b"before the rotation"]
             during = write(job, "op-2", b"during the rotation, old token")
+        uses = proc.scrape_metrics()["dstl_auth_previous_secret_uses_total"]
+        assert uses > 0  # the calls of the old token, counted
         with ChangelogClient(proc.address, token=new_token, timeout_s=20) as job:
             assert read(job, during) == [b"during the rotation, old token"]
             after = write(job, "op-3", b"during the rotation, new token")
+        # the new token's calls are not (the rotation is done when it stops growing)
+        assert proc.scrape_metrics()["dstl_auth_previous_secret_uses_total"] == uses
         # the node logs which callers still use the previous secret
         assert f"job {JOB} authenticated with the previous node secret" in (
             proc.stderr_path.read_text()
