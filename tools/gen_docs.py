@@ -107,6 +107,10 @@ def metrics_table(owner: object) -> str:
     suffix = {"counter": "_total", "info": "_info"}
     rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
     for metric in vars(owner).values():
+        documented = getattr(metric, "documented", None)
+        if documented is not None:  # a collector that reads its figure from its owner
+            rows.append("| `{}` | {} | {} | {} |".format(*documented))
+            continue
         if not isinstance(metric, MetricWrapperBase):
             continue
         kind = str(metric._type)

@@ -125,7 +125,7 @@ class S3MetadataStore(MetadataStore):
         self._clock = clock
         self._retries_lock = threading.Lock()
         #: pauses taken before another attempt (transient errors and write conflicts)
-        self.retries = 0
+        self._retries = 0
         custom_endpoint = bool(
             endpoint_url
             or os.environ.get("AWS_ENDPOINT_URL_S3")
@@ -194,6 +194,11 @@ class S3MetadataStore(MetadataStore):
             return MetadataStoreError(f"{what}: {exc}")
         raise exc
 
+    @property
+    def retries(self) -> int:
+        """Pauses taken before another attempt (transient errors and write conflicts)."""
+        return self._retries
+
     def _transient(self, exc: BaseException) -> bool:
         """Whether a botocore failure is worth another attempt."""
         from botocore.exceptions import BotoCoreError, ClientError
@@ -203,7 +208,7 @@ class S3MetadataStore(MetadataStore):
     def _counted(self, state: RetryCallState) -> None:
         """tenacity's ``before_sleep``: count the pause and say why it is taken."""
         with self._retries_lock:
-            self.retries += 1
+            self._retries += 1
         error = state.outcome.exception() if state.outcome is not None else None
         log.info(
             "metadata store %s: attempt %d failed (%s); retrying in %.2fs",

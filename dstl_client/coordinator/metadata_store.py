@@ -91,6 +91,12 @@ class MetadataStore(abc.ABC):
     def url(self) -> str:
         """The root, as a URL (``file:///...`` or ``s3://bucket/prefix``)."""
 
+    @property
+    def retries(self) -> int:
+        """Attempts this store repeated after a transient failure, so far (exported as
+        ``dstl_driver_metadata_retries_total``); 0 for a store that never retries."""
+        return 0
+
     @abc.abstractmethod
     def put_once(self, name: str, data: bytes) -> bool:
         """Create ``name`` with ``data`` unless it exists; False (nothing written) if it does."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import platform
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -31,6 +31,8 @@ from prometheus_client import (
     ProcessCollector,
     start_http_server,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from dstl_client.checkpoint.stats import CheckpointStats
 from dstl_client.core.version import package_version
@@ -144,6 +146,8 @@ class CoordinatorMetrics:
             "dstl_driver_materialize_interval_seconds",
             "Materialization interval in force (materialize_interval_s).",
         )
+        self.metadata_retries = _RetriesCollector(job_id)
+        r.register(self.metadata_retries)
         self._server: Any = None
         self._lock = threading.Lock()
 
@@ -151,6 +155,11 @@ class CoordinatorMetrics:
         """Export the timeout and interval in force, read from ``settings()`` at each scrape."""
         self.checkpoint_timeout.set_function(lambda: settings().checkpoint_timeout_s)
         self.materialize_interval.set_function(lambda: settings().materialize_interval_s)
+
+    def watch_metadata_retries(self, retries: Callable[[], int]) -> None:
+        """Export the metadata store's retries (``retries()``, read at each scrape) as
+        ``dstl_driver_metadata_retries_total``: the store counts, the metric reads."""
+        self.metadata_retries.read = retries
 
     def observe_checkpoint(
         self,
@@ -195,3 +204,22 @@ class CoordinatorMetrics:
                 self._server.shutdown()
                 self._server.server_close()
                 self._server = None
+
+
+class _RetriesCollector(Collector):
+    """``dstl_driver_metadata_retries_total``, read from the store at each scrape (the
+    store owns the count, a counter of its own would be a second one)."""
+
+    NAME = "dstl_driver_metadata_retries"
+    DOC = "Attempts the job's metadata store repeated after a transient failure."
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.read: Callable[[], int] = lambda: 0
+        #: its row of the generated metrics table (name, type, labels, meaning)
+        self.documented = (f"{self.NAME}_total", "counter", ", ".join(LABELS), self.DOC)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.NAME, self.DOC, labels=LABELS)
+        family.add_metric([self.job_id], self.read())
+        yield family

@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
 from dstl_client.coordinator.metadata import MetadataStoreError, S3MetadataStore
+from dstl_client.coordinator.metrics import CoordinatorMetrics
 from dstl_client.core.errors import TransientStorageError
 from dstl_client.core.s3_errors import TRANSIENT_CODES
 from dstl_server.storage.s3_errors import map_s3_error
@@ -73,6 +74,11 @@ def test_pauses_double_up_to_the_cap_with_jitter_and_are_counted(clocked: Clocke
         assert base <= pause <= base + 0.3
     assert len(set(clocked.sleeps)) > 1  # jittered, not one fixed schedule
     clocked.stub.assert_no_pending_responses()
+    # the driver's metric reads the store's count at each scrape
+    metrics = CoordinatorMetrics("job-r")
+    metrics.watch_metadata_retries(lambda: clocked.store.retries)
+    sample = metrics.registry.get_sample_value
+    assert sample("dstl_driver_metadata_retries_total", {"job_id": "job-r"}) == 5
 
 
 def test_retrying_never_passes_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
