@@ -9,25 +9,28 @@ The registry finds the writer, runs its calls in order and counts memory.
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 import uuid
 from dataclasses import dataclass
-from itertools import accumulate
 from operator import attrgetter
 
 from dstl_client.core.errors import (
-    ChangeTooLarge,
     InvalidArgument,
     KeyGroupOutOfRange,
     SqnOutOfRange,
     WriterClosed,
 )
-from dstl_client.core.format import MAX_PARTS_PER_REQUEST, Changeset, PackedChanges, check_packed
+from dstl_client.core.format import MAX_PARTS_PER_REQUEST, Changeset, PackedChanges
 from dstl_client.core.handle import ChangelogHandle, HandleEntry
 from dstl_server.call_order import CallSequencer
 from dstl_server.packed_call import PackedCall
-from dstl_server.parts import PART_OVERHEAD_BYTES, CallParts, held_bytes
+from dstl_server.parts import (
+    PART_OVERHEAD_BYTES,
+    CallParts,
+    check_part,
+    held_bytes,
+    well_formed,
+)
 from dstl_server.upload_task import UploadTask
 from dstl_server.uploads import Uploads
 
@@ -46,36 +49,6 @@ _key_group_of = attrgetter("key_group")
 _count_of = attrgetter("count")
 _sizes_of = attrgetter("sizes")
 _payload_of = attrgetter("payload")
-
-
-def _well_formed(counts: list[int], sizes: list[bytes], payloads: list[bytes], limit: int) -> bool:
-    """Whether every part is well formed: at least one change, ``4 * count`` bytes of
-    sizes, sizes adding up to its payload, no change over ``limit`` bytes.
-
-    C loops only: the running totals of sizes bytes and of payload bytes agree with
-    those of the counts at every part's end exactly when each part's do.
-    """
-    if min(counts) < 1:
-        return False
-    ends = list(accumulate(counts))
-    if list(accumulate(map(len, sizes))) != list(map((4).__mul__, ends)):
-        return False
-    every = struct.unpack(f"<{ends[-1]}I", b"".join(sizes))
-    if max(every) > limit:
-        return False
-    total_at = [0, *accumulate(every)]
-    return list(map(total_at.__getitem__, ends)) == list(accumulate(map(len, payloads)))
-
-
-def _check_part(kg: int, packed: PackedChanges, limit: int) -> None:
-    """The full check of one part (typed errors); the one-change part has a fast path."""
-    try:
-        check_packed(packed, limit)
-    except ValueError as exc:
-        cls = ChangeTooLarge if "exceeds the limit" in str(exc) else InvalidArgument
-        raise cls(f"key group {kg}: {exc}") from None
-    if not packed.count:
-        raise InvalidArgument(f"key group {kg}: a part must hold at least one change")
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +180,7 @@ class WriterLog:
         if (
             min(kgs) < first_kg
             or max(kgs) > last_kg
-            or not _well_formed(counts, sizes, payloads, limit)
+            or not well_formed(counts, sizes, payloads, limit)
         ):
             self._check_each(kgs, packed, limit)
         batches = list(zip(kgs, packed, strict=True))
@@ -229,7 +202,7 @@ class WriterLog:
         for kg, part in zip(kgs, packed, strict=True):
             if not first_kg <= kg <= last_kg:
                 self.check_key_group(kg)  # raises, with the message
-            _check_part(kg, part, limit)
+            check_part(kg, part, limit)
 
     def append(self, key_group: int, packed: PackedChanges) -> None:
         self.append_parts([(key_group, packed)], packed.nbytes)

@@ -5,18 +5,22 @@ each, or packed in one message (:class:`~dstl_server.packed_call.PackedCall`);
 :func:`parts_of` says which (:data:`CallParts`). The budget
 charges each part its bytes plus :data:`PART_OVERHEAD_BYTES`, when it is
 admitted (:func:`charge_of`) and when it is appended and later freed
-(:func:`held_bytes`), so the two counts agree exactly. Pure; any thread.
+(:func:`held_bytes`), so the two counts agree exactly. The checks of a part's
+shape (:func:`well_formed` for a whole call in C loops, :func:`check_part` for one
+part's typed error) are here too. Pure; any thread.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
+from itertools import accumulate
 from operator import attrgetter
 from typing import Protocol
 
 from dstl_client.core._pb import dstl_pb2 as pb
-from dstl_client.core.errors import InvalidArgument
-from dstl_client.core.format import Changeset
+from dstl_client.core.errors import ChangeTooLarge, InvalidArgument
+from dstl_client.core.format import Changeset, PackedChanges, check_packed
 from dstl_server.packed_call import PackedCall
 
 #: what the sidecar holds per appended key-group part beyond its bytes (the
@@ -86,3 +90,33 @@ def charge_of(parts: CallParts) -> int:
     items = list(parts)  # a request's list makes an object per element per pass
     data = sum(map(len, map(_sizes_of, items))) + sum(map(len, map(_payload_of, items)))
     return data + PART_OVERHEAD_BYTES * len(parts)
+
+
+def well_formed(counts: list[int], sizes: list[bytes], payloads: list[bytes], limit: int) -> bool:
+    """Whether every part is well formed: at least one change, ``4 * count`` bytes of
+    sizes, sizes adding up to its payload, no change over ``limit`` bytes.
+
+    C loops only: the running totals of sizes bytes and of payload bytes agree with
+    those of the counts at every part's end exactly when each part's do.
+    """
+    if min(counts) < 1:
+        return False
+    ends = list(accumulate(counts))
+    if list(accumulate(map(len, sizes))) != list(map((4).__mul__, ends)):
+        return False
+    every = struct.unpack(f"<{ends[-1]}I", b"".join(sizes))
+    if max(every) > limit:
+        return False
+    total_at = [0, *accumulate(every)]
+    return list(map(total_at.__getitem__, ends)) == list(accumulate(map(len, payloads)))
+
+
+def check_part(kg: int, packed: PackedChanges, limit: int) -> None:
+    """The full check of one part (typed errors); the one-change part has a fast path."""
+    try:
+        check_packed(packed, limit)
+    except ValueError as exc:
+        cls = ChangeTooLarge if "exceeds the limit" in str(exc) else InvalidArgument
+        raise cls(f"key group {kg}: {exc}") from None
+    if not packed.count:
+        raise InvalidArgument(f"key group {kg}: a part must hold at least one change")

@@ -110,8 +110,7 @@ class CheckpointCoordinator:
         self._own_metadata = metadata is None
         self.storage = CheckpointStorage(self.metadata, config.records_prefix)
         self.metrics = metrics or CoordinatorMetrics(config.job_id)
-        self.metrics.watch_settings(lambda: self.config)
-        self.metrics.watch_metadata_retries(lambda: self.metadata.retries)
+        self.metrics.watch(lambda: self.config, lambda: self.metadata.retries)
         self._client = client
         self._own_client = False
         self._sweeper = sweeper or _orphan_sweeper

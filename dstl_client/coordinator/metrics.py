@@ -151,15 +151,15 @@ class CoordinatorMetrics:
         self._server: Any = None
         self._lock = threading.Lock()
 
-    def watch_settings(self, settings: Callable[[], CheckpointSettings]) -> None:
-        """Export the timeout and interval in force, read from ``settings()`` at each scrape."""
+    def watch(
+        self, settings: Callable[[], CheckpointSettings], metadata_retries: Callable[[], int]
+    ) -> None:
+        """Export what is read at each scrape: the timeout and interval in force
+        (``settings()``) and the metadata store's retries (``metadata_retries()``, as
+        ``dstl_driver_metadata_retries_total``: the store counts, the metric reads)."""
         self.checkpoint_timeout.set_function(lambda: settings().checkpoint_timeout_s)
         self.materialize_interval.set_function(lambda: settings().materialize_interval_s)
-
-    def watch_metadata_retries(self, retries: Callable[[], int]) -> None:
-        """Export the metadata store's retries (``retries()``, read at each scrape) as
-        ``dstl_driver_metadata_retries_total``: the store counts, the metric reads."""
-        self.metadata_retries.read = retries
+        self.metadata_retries.read = metadata_retries
 
     def observe_checkpoint(
         self,

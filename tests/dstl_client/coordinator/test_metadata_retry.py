@@ -13,6 +13,7 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
+from dstl_client.coordinator.config import CheckpointSettings
 from dstl_client.coordinator.metadata import MetadataStoreError, S3MetadataStore
 from dstl_client.coordinator.metrics import CoordinatorMetrics
 from dstl_client.core.errors import TransientStorageError
@@ -76,7 +77,7 @@ def test_pauses_double_up_to_the_cap_with_jitter_and_are_counted(clocked: Clocke
     clocked.stub.assert_no_pending_responses()
     # the driver's metric reads the store's count at each scrape
     metrics = CoordinatorMetrics("job-r")
-    metrics.watch_metadata_retries(lambda: clocked.store.retries)
+    metrics.watch(CheckpointSettings, lambda: clocked.store.retries)
     sample = metrics.registry.get_sample_value
     assert sample("dstl_driver_metadata_retries_total", {"job_id": "job-r"}) == 5
 
