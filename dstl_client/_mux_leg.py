@@ -83,14 +83,17 @@ def _parts(request: pb.SessionRequest) -> int:
 
 
 class MuxLeg:
-    """One gRPC ``Mux`` call. ``pending`` (id -> entry, in the order sent) and ``moved``
-    (ids sent again later: their refusals here are expected) change under the stream's
-    lock; ``requests`` is gRPC's sending thread's queue (``None`` half-closes)."""
+    """One gRPC ``Mux`` call. ``pending`` (id -> entry, in the order sent), ``moved``
+    (ids sent again later, or given up: their answers here are expected and dropped) and
+    ``last_received`` (``time.monotonic()`` of its last answer message) change under
+    the stream's lock; ``requests`` is gRPC's sending thread's queue (``None``
+    half-closes)."""
 
     def __init__(self, conn: Connection) -> None:
         self.requests: queue.SimpleQueue[pb.SessionRequest | None] = queue.SimpleQueue()
         self.pending: dict[int, Entry] = {}
         self.moved: set[int] = set()
+        self.last_received = 0.0
         self._max_bytes = conn.max_message_bytes
         #: messages and requests sent (gRPC's sending thread counts them)
         self.messages_sent = 0

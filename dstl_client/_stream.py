@@ -147,8 +147,10 @@ class MuxStream:
     ) -> pb.SessionResponse:
         """Submit ``request`` and wait for its answer; none within ``timeout_s`` is unavailable.
 
-        A request whose answer does not come is treated as a unary call past
-        its deadline: the gRPC call is cancelled (every request waiting on it fails).
+        A request whose answer does not come is treated as a unary call past its
+        deadline (:class:`SidecarUnavailable`): the writer's requests are given up
+        (:meth:`abandon`) when the call answered anything since this one was
+        submitted, else the gRPC call is cancelled (every request waiting on it fails).
         """
         if threading.current_thread() in self._readers:
             raise DstlError(
@@ -156,17 +158,44 @@ class MuxStream:
                 "of the same client (the thread that delivers its writers' answers): it "
                 "would wait forever; call it from another thread"
             )
+        submitted = time.monotonic()
         future = self.submit(lane, request)
         try:
             return future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
             if future.done():  # answered just now
                 return future.result()
-            self.cancel()
-            raise SidecarUnavailable(
+        with self._lock:
+            alive = any(leg.last_received >= submitted for leg in self._legs)
+        if alive:  # the stream answers the other writers: only this writer's call is lost
+            error = SidecarUnavailable(
+                f"sidecar at {self._target} unavailable (DEADLINE_EXCEEDED): no answer to "
+                f"writer {lane.log_id}'s request within {timeout_s:g}s, while the writer "
+                "stream answered others (they go on)"
+            )
+            self.abandon(lane, error)
+        else:
+            error = SidecarUnavailable(
                 f"sidecar at {self._target} unavailable (DEADLINE_EXCEEDED): no answer on the "
                 f"writer stream within {timeout_s:g}s"
-            ) from None
+            )
+            self.cancel()
+        raise error
+
+    def abandon(self, lane: MuxLane, error: DstlError) -> None:
+        """Give up ``lane``'s requests (waiting, or held for a resend): each fails with
+        ``error`` and a late answer to it is dropped; the other writers' go on."""
+        failed: list[Entry] = []
+        with self._lock:
+            for leg in self._legs:
+                ids = [i for i, e in leg.pending.items() if e.lane is lane]
+                failed += [leg.pending.pop(i) for i in ids]
+                leg.moved.update(ids)
+            failed += lane.held or ()
+            lane.held = None
+            self._holding.discard(lane)
+        for entry in failed:
+            entry.future.set_exception(error)
 
     # ------------------------------------------------------------ answers
     def _read(self, leg: MuxLeg) -> None:
@@ -191,13 +220,7 @@ class MuxStream:
             failed += leg.pending.values()
             leg.pending.clear()
             if leg is self._leg:  # the current call ended: resends wait no more
-                self._leg = None
-                for lane in self._holding:
-                    failed += lane.held or ()
-                    lane.held = None
-                    lane.attempt = 0
-                    lane.refused_since = None
-                self._holding.clear()
+                failed += self._detach()
         leg.requests.put(None)  # ends gRPC's sending thread
         for entry in failed:
             entry.future.set_exception(error)
@@ -209,6 +232,7 @@ class MuxStream:
         settled: list[tuple[Entry, pb.SessionResponse]] = []
         refused: list[pb.SessionResponse] = []
         with self._lock:
+            leg.last_received = time.monotonic()
             current = leg is self._leg
             for answer in answers:
                 if answer.HasField("error") and answer.error.kind == BudgetFull.kind:
@@ -299,11 +323,29 @@ class MuxStream:
                 self._leg = None
 
     def cancel(self) -> None:
-        """Tear the current call down now; requests still waiting on it fail (unavailable)."""
+        """Tear the current call down now; requests still waiting on it fail (unavailable),
+        and the next request opens a new call at once (not the one being torn down)."""
         with self._lock:
             legs = list(self._legs)
+            held = self._detach() if self._leg is not None else []
         for leg in legs:
             leg.call.cancel()
+        error = SidecarUnavailable(f"the writer stream to {self._target} was cancelled")
+        for entry in held:
+            entry.future.set_exception(error)
+
+    def _detach(self) -> list[Entry]:
+        """The current call is no longer current (under the lock): the requests held for a
+        resend on it, which it will not send (the caller fails them)."""
+        self._leg = None
+        failed: list[Entry] = []
+        for lane in self._holding:
+            failed += lane.held or ()
+            lane.held = None
+            lane.attempt = 0
+            lane.refused_since = None
+        self._holding.clear()
+        return failed
 
 
 class StreamTransport(WriterCalls):
