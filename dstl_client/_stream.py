@@ -20,8 +20,8 @@ still waiting on it, of every writer, with the error it ended with
 (:class:`~dstl_client.core.errors.SidecarUnavailable` for a lost connection,
 a cancelled call or a stream ended without a status); a writer treats that
 exactly like a lost unary call, and the next request of any writer opens a
-new gRPC call. A blocking call whose answer does not come within the
-connection's ``timeout_s`` cancels the call (as a lost connection would).
+new gRPC call. A blocking call with no answer within ``timeout_s`` fails its
+writer alone if the call answered others meanwhile, else cancels the call.
 
 **A full memory budget** (:class:`~dstl_client.core.errors.BudgetFull`): the
 sidecar applied neither the refused request nor any later one of that
@@ -145,13 +145,9 @@ class MuxStream:
     def call(
         self, lane: MuxLane, request: pb.SessionRequest, timeout_s: float
     ) -> pb.SessionResponse:
-        """Submit ``request`` and wait for its answer; none within ``timeout_s`` is unavailable.
-
-        A request whose answer does not come is treated as a unary call past its
-        deadline (:class:`SidecarUnavailable`): the writer's requests are given up
-        (:meth:`abandon`) when the call answered anything since this one was
-        submitted, else the gRPC call is cancelled (every request waiting on it fails).
-        """
+        """Submit ``request`` and wait for its answer; none within ``timeout_s``: as a unary
+        call past its deadline, :meth:`abandon` its writer (the call answered something
+        since) or :meth:`cancel` the call (it answered nothing)."""
         if threading.current_thread() in self._readers:
             raise DstlError(
                 "a blocking call of a writer was made from a callback of a persist future "
@@ -167,18 +163,18 @@ class MuxStream:
                 return future.result()
         with self._lock:
             alive = any(leg.last_received >= submitted for leg in self._legs)
-        if alive:  # the stream answers the other writers: only this writer's call is lost
-            error = SidecarUnavailable(
-                f"sidecar at {self._target} unavailable (DEADLINE_EXCEEDED): no answer to "
-                f"writer {lane.log_id}'s request within {timeout_s:g}s, while the writer "
-                "stream answered others (they go on)"
-            )
+        why = (  # alive: the stream answers the other writers, only this writer's call is lost
+            f"no answer to writer {lane.log_id}'s request within {timeout_s:g}s, while the "
+            "writer stream answered others (they go on)"
+            if alive
+            else f"no answer on the writer stream within {timeout_s:g}s"
+        )
+        error = SidecarUnavailable(
+            f"sidecar at {self._target} unavailable (DEADLINE_EXCEEDED): {why}"
+        )
+        if alive:
             self.abandon(lane, error)
         else:
-            error = SidecarUnavailable(
-                f"sidecar at {self._target} unavailable (DEADLINE_EXCEEDED): no answer on the "
-                f"writer stream within {timeout_s:g}s"
-            )
             self.cancel()
         raise error
 
@@ -323,8 +319,7 @@ class MuxStream:
                 self._leg = None
 
     def cancel(self) -> None:
-        """Tear the current call down now; requests still waiting on it fail (unavailable),
-        and the next request opens a new call at once (not the one being torn down)."""
+        """Tear the current call down now (its waiting requests fail); the next opens anew."""
         with self._lock:
             legs = list(self._legs)
             held = self._detach() if self._leg is not None else []
@@ -335,8 +330,7 @@ class MuxStream:
             entry.future.set_exception(error)
 
     def _detach(self) -> list[Entry]:
-        """The current call is no longer current (under the lock): the requests held for a
-        resend on it, which it will not send (the caller fails them)."""
+        """Make the current call not current (under the lock); its held resends, to fail."""
         self._leg = None
         failed: list[Entry] = []
         for lane in self._holding:
