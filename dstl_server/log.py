@@ -12,24 +12,19 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
-from operator import attrgetter
 
-from dstl_client.core.errors import (
-    InvalidArgument,
-    KeyGroupOutOfRange,
-    SqnOutOfRange,
-    WriterClosed,
-)
-from dstl_client.core.format import MAX_PARTS_PER_REQUEST, Changeset, PackedChanges
+from dstl_client.core.errors import SqnOutOfRange, WriterClosed
+from dstl_client.core.format import Changeset, PackedChanges, PackedGroups
 from dstl_client.core.handle import ChangelogHandle, HandleEntry
 from dstl_server.call_order import CallSequencer
-from dstl_server.packed_call import PackedCall
 from dstl_server.parts import (
     PART_OVERHEAD_BYTES,
     CallParts,
-    check_part,
+    CheckedParts,
+    check_call,
+    check_count,
+    check_key_group,
     held_bytes,
-    well_formed,
 )
 from dstl_server.upload_task import UploadTask
 from dstl_server.uploads import Uploads
@@ -44,28 +39,6 @@ __all__ = [
 ]
 
 INITIAL_SQN = 0
-
-_key_group_of = attrgetter("key_group")
-_count_of = attrgetter("count")
-_sizes_of = attrgetter("sizes")
-_payload_of = attrgetter("payload")
-
-
-@dataclass(frozen=True, slots=True)
-class CheckedParts:
-    """A call's parts, every one checked: (key group, changes) in call order.
-
-    ``nbytes``: their sizes and payload; ``count``: their changes; ``charge``:
-    what the memory budget charges for them (``nbytes`` + per-part overhead).
-    """
-
-    parts: list[tuple[int, PackedChanges]]
-    nbytes: int
-    count: int
-
-    @property
-    def charge(self) -> int:
-        return self.nbytes + PART_OVERHEAD_BYTES * len(self.parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +85,7 @@ class WriterLog:
         self.operator_id = operator_id
         self.key_group_range = key_group_range
         self.active_sqn = INITIAL_SQN
-        self.active: dict[int, list[PackedChanges]] = {}
+        self.active: dict[int, list[PackedChanges]] | PackedGroups = {}
         self.active_bytes = 0
         #: parts in the active changeset (its ``nparts``, known at rollover)
         self.active_parts = 0
@@ -142,78 +115,38 @@ class WriterLog:
             raise WriterClosed(f"writer {self.log_id} is closed")
 
     def check_key_group(self, key_group: int) -> None:
-        first, last = self.key_group_range
-        if not first <= key_group <= last:
-            raise KeyGroupOutOfRange(
-                f"key group {key_group} is outside writer {self.log_id}'s range [{first}, {last}]"
-            )
+        check_key_group(key_group, self.key_group_range, self.log_id)
 
     def check_parts(self, parts: CallParts, limit: int) -> CheckedParts:
-        """Check every part of a call before any is applied (typed errors).
-
-        At most ``MAX_PARTS_PER_REQUEST``, at least one; each key group in the
-        writer's range, each change at most ``limit`` bytes, sizes matching
-        the payload, no empty part: the whole call at once by
-        :func:`_well_formed`; a call it refuses part by part (by
-        :func:`~dstl_client.core.format.check_packed`), for the error.
-        """
-        if len(parts) > MAX_PARTS_PER_REQUEST:
-            raise InvalidArgument(
-                f"{len(parts)} key-group parts in one request (at most "
-                f"{MAX_PARTS_PER_REQUEST}): send the buffer in several requests"
-            )
+        """Check every part of a call before any is applied (typed errors), by
+        :func:`~dstl_server.parts.check_call`; a closed writer refuses any."""
+        check_count(parts)
         self.check_open()
-        if not parts:
-            raise InvalidArgument("empty append batch")
-        if isinstance(parts, PackedCall):
-            return self._check_packed(parts, limit)
-        # each field read once (a bytes field of a request is a new object per read),
-        # and the whole call checked with C loops; a call that fails anywhere is
-        # checked again part by part, for the first bad part's error
-        items = list(parts)  # a request's list makes an object per element per pass
-        kgs = list(map(_key_group_of, items))
-        counts = list(map(_count_of, items))
-        sizes = list(map(_sizes_of, items))
-        payloads = list(map(_payload_of, items))
-        packed = list(map(PackedChanges, counts, sizes, payloads))
-        first_kg, last_kg = self.key_group_range
-        if (
-            min(kgs) < first_kg
-            or max(kgs) > last_kg
-            or not well_formed(counts, sizes, payloads, limit)
-        ):
-            self._check_each(kgs, packed, limit)
-        batches = list(zip(kgs, packed, strict=True))
-        nbytes = sum(map(len, sizes)) + sum(map(len, payloads))
-        return CheckedParts(batches, nbytes, sum(counts))
-
-    def _check_packed(self, call: PackedCall, limit: int) -> CheckedParts:
-        """:meth:`check_parts` of a packed call: totals and bounds over all parts at
-        once; a call that fails a bound is checked part by part, for the error."""
-        kgs, packed, fewest, largest = call.unpack()
-        first_kg, last_kg = self.key_group_range
-        if min(kgs) < first_kg or max(kgs) > last_kg or fewest < 1 or largest > limit:
-            self._check_each(kgs, packed, limit)
-        return CheckedParts(list(zip(kgs, packed, strict=True)), call.nbytes, len(call.sizes) // 4)
-
-    def _check_each(self, kgs: list[int], packed: list[PackedChanges], limit: int) -> None:
-        """Check the parts one by one, in call order: the first bad one raises its error."""
-        first_kg, last_kg = self.key_group_range
-        for kg, part in zip(kgs, packed, strict=True):
-            if not first_kg <= kg <= last_kg:
-                self.check_key_group(kg)  # raises, with the message
-            check_part(kg, part, limit)
+        return check_call(parts, self.key_group_range, self.log_id, limit)
 
     def append(self, key_group: int, packed: PackedChanges) -> None:
         self.append_parts([(key_group, packed)], packed.nbytes)
 
-    def append_parts(self, parts: list[tuple[int, PackedChanges]], nbytes: int) -> None:
+    def append_parts(
+        self, parts: list[tuple[int, PackedChanges]] | PackedGroups, nbytes: int
+    ) -> None:
         """Append validated parts (key group, changes) holding ``nbytes`` of sizes and payload.
 
         One call per request: the sizes are counted once, by the caller, so
-        the changeset's size is known without a pass over its parts.
+        the changeset's size is known without a pass over its parts. A packed
+        call's parts become the changeset as they are when it is the first
+        call of the changeset (a checkpoint's usual one); else they are split.
         """
         active = self.active
+        if isinstance(parts, PackedGroups):
+            if not active:
+                self.active = parts
+                self.active_parts = len(parts)
+                self.active_bytes = nbytes + PART_OVERHEAD_BYTES * len(parts)
+                return
+            parts = [(kg, part) for kg, (part,) in parts.items()]
+        if isinstance(active, PackedGroups):  # a second call: the changeset becomes a dict
+            active = self.active = {kg: list(group) for kg, group in active.items()}
         for kg, packed in parts:
             group = active.get(kg)
             if group is None:

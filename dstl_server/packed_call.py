@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import sys
 from array import array
-from itertools import accumulate
 from typing import Protocol
 
 from dstl_client.core.errors import InvalidArgument
-from dstl_client.core.format import PackedChanges
+from dstl_client.core.format import PackedChanges, split_parts
 
 _BIG_ENDIAN = sys.byteorder == "big"
-_FOUR = (4).__mul__
 
 
 class PackedMessage(Protocol):
@@ -92,9 +90,8 @@ class PackedCall:
         """Bytes of sizes and payload."""
         return len(self.sizes) + len(self.payload)
 
-    def unpack(self) -> tuple[list[int], list[PackedChanges], int, int]:
-        """The parts as key groups and :class:`PackedChanges`, in call order, and the
-        call's fewest changes in a part and largest change (for the caller's checks).
+    def arrays(self) -> tuple[list[int], array[int], array[int]]:
+        """The key groups, counts and sizes as integers, the totals checked.
 
         Raises :class:`InvalidArgument` when the counts and the sizes, or the sizes
         and the payload, disagree in total (no part can then be told apart). With
@@ -114,17 +111,12 @@ class PackedCall:
                 f"packed parts: the sizes add up to {payload_total} bytes, payload holds "
                 f"{len(self.payload)}"
             )
-        kgs = _u32s(self.key_groups).tolist()
-        fewest = min(counts)
-        largest = max(sizes) if total else 0
-        if self.nparts == 1:
-            return kgs, [PackedChanges(total, self.sizes, self.payload)], fewest, largest
-        ends = list(accumulate(counts))  # change index after each part
-        starts = [0, *ends[:-1]]
-        at = [0, *accumulate(sizes)]  # payload offset before each change
-        sizes_of = map(self.sizes.__getitem__, map(slice, map(_FOUR, starts), map(_FOUR, ends)))
-        payload_of = map(
-            self.payload.__getitem__,
-            map(slice, map(at.__getitem__, starts), map(at.__getitem__, ends)),
-        )
-        return kgs, list(map(PackedChanges, counts, sizes_of, payload_of)), fewest, largest
+        return _u32s(self.key_groups).tolist(), counts, sizes
+
+    def unpack(self) -> tuple[list[int], list[PackedChanges], int, int]:
+        """The parts as key groups and :class:`PackedChanges`, in call order, and the
+        call's fewest changes in a part and largest change (for the caller's checks);
+        the totals checked as by :meth:`arrays`."""
+        kgs, counts, sizes = self.arrays()
+        largest = max(sizes) if sizes else 0
+        return kgs, split_parts(counts, sizes, self.sizes, self.payload), min(counts), largest

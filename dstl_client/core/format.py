@@ -56,6 +56,7 @@ _CHANGESET = struct.Struct("<QIQ")  # sqn, count, payload_length
 _FOOTER_ENTRY = struct.Struct("<16sQQ")
 _U32 = struct.Struct("<I")
 _TRAILER = struct.Struct("<I4s")
+_FOUR = (4).__mul__
 
 
 def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
@@ -135,6 +136,96 @@ def split_changes(
         out.append(bytes(mv[pos : pos + size]))
         pos += size
     return out
+
+
+def split_parts(
+    counts: Sequence[int], sizes: Sequence[int], sizes_bytes: bytes, payload: bytes
+) -> list[PackedChanges]:
+    """Split packed parts (``counts[i]`` changes each, of ``sizes`` in ``sizes_bytes`` and
+    ``payload``) into one :class:`PackedChanges` per part, with C loops over all parts.
+
+    The caller has checked the totals: ``sum(counts)`` sizes, adding up to ``len(payload)``.
+    """
+    if len(counts) == 1:
+        return [PackedChanges(counts[0], sizes_bytes, payload)]
+    ends = list(accumulate(counts))  # change index after each part
+    starts = [0, *ends[:-1]]
+    at = [0, *accumulate(sizes)]  # payload offset before each change
+    sizes_of = map(sizes_bytes.__getitem__, map(slice, map(_FOUR, starts), map(_FOUR, ends)))
+    payload_of = map(
+        payload.__getitem__, map(slice, map(at.__getitem__, starts), map(at.__getitem__, ends))
+    )
+    return list(map(PackedChanges, counts, sizes_of, payload_of))
+
+
+class PackedGroups(Mapping[int, Sequence[PackedChanges]]):
+    """A changeset's changes as one packed call carried them: one part per key group, the
+    key groups strictly ascending, kept as the call's arrays.
+
+    The encoder writes a changeset of these straight from the arrays
+    (:meth:`entries`: no object per part); read as a mapping (key group to its
+    one part), it is split once, on first use. Invariants, checked by whoever
+    builds one: ``key_groups`` strictly ascending, every count at least 1,
+    ``sum(counts)`` sizes in ``sizes_bytes`` that add up to ``len(payload)``.
+    Immutable; any thread.
+    """
+
+    __slots__ = ("_split", "counts", "key_groups", "payload", "sizes", "sizes_bytes")
+
+    def __init__(
+        self,
+        key_groups: list[int],
+        counts: Sequence[int],
+        sizes: Sequence[int],
+        sizes_bytes: bytes,
+        payload: bytes,
+    ) -> None:
+        self.key_groups = key_groups
+        self.counts = counts
+        self.sizes = sizes
+        self.sizes_bytes = sizes_bytes
+        self.payload = payload
+        self._split: dict[int, Sequence[PackedChanges]] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.sizes_bytes) + len(self.payload)
+
+    def _parts(self) -> dict[int, Sequence[PackedChanges]]:
+        if self._split is None:
+            parts = split_parts(self.counts, self.sizes, self.sizes_bytes, self.payload)
+            self._split = dict(zip(self.key_groups, map(_one, parts), strict=True))
+        return self._split
+
+    def __getitem__(self, key_group: int) -> Sequence[PackedChanges]:
+        return self._parts()[key_group]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.key_groups)
+
+    def __len__(self) -> int:
+        return len(self.key_groups)
+
+    def entries(self, sqn: int) -> list[bytes]:
+        """Each key group's changeset entry (head, sizes, payload) under ``sqn``, in
+        key-group order: what :func:`_changeset_blocks` makes of the split parts."""
+        counts = self.counts
+        ends = list(accumulate(counts))
+        starts = [0, *ends[:-1]]
+        at = [0, *accumulate(self.sizes)]
+        first = list(map(at.__getitem__, starts))
+        last = list(map(at.__getitem__, ends))
+        head = _CHANGESET.pack
+        sizes = self.sizes_bytes
+        payload = self.payload
+        return [
+            head(sqn, count, end - begin) + sizes[4 * s : 4 * e] + payload[begin:end]
+            for count, s, e, begin, end in zip(counts, starts, ends, first, last, strict=True)
+        ]
+
+
+def _one(part: PackedChanges) -> Sequence[PackedChanges]:
+    return (part,)
 
 
 @dataclass(slots=True)
@@ -233,8 +324,12 @@ def _encode_joined(log_id: bytes, changesets: Sequence[Changeset], end_sqn: int)
     slices, one ``struct`` call for the index) do the rest, so a key group costs a few C
     calls and hardly any bytecode.
     """
-    if len(changesets) == 1:  # a persist's section
-        kgs = sorted(changesets[0].groups)
+    groups = changesets[0].groups
+    if len(changesets) == 1 and isinstance(groups, PackedGroups):  # one packed call's
+        kgs = groups.key_groups
+        blocks = groups.entries(changesets[0].sqn)
+    elif len(changesets) == 1:  # a persist's section
+        kgs = sorted(groups)
         blocks = _changeset_blocks(changesets[0], kgs)
     else:
         kgs, blocks = _merged_blocks(changesets)

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import struct
+from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import DstlError
-from dstl_server.log import WriterLog
+from dstl_client.core.format import (
+    Changeset,
+    PackedChanges,
+    PackedGroups,
+    encode_log_section,
+    parse_kg_block,
+    parse_log_header,
+)
+from dstl_server.log import CheckedParts, WriterLog
 from dstl_server.packed_call import PackedCall
-from dstl_server.parts import charge_of
+from dstl_server.parts import CallParts, charge_of
 
 LIMIT = 64
 
@@ -22,6 +31,25 @@ def writer() -> WriterLog:
 
 def u32(values: list[int]) -> bytes:
     return struct.pack(f"<{len(values)}I", *values)
+
+
+def listed(checked: CheckedParts) -> list[tuple[int, PackedChanges]]:
+    """The checked parts in call order, whichever form holds them."""
+    if isinstance(checked.parts, PackedGroups):
+        return [(kg, part) for kg, (part,) in checked.parts.items()]
+    return checked.parts
+
+
+def packed_call(parts: list[tuple[int, list[bytes]]]) -> PackedCall:
+    changes = [c for _, cs in parts for c in cs]
+    return PackedCall(
+        pb.PackedParts(
+            key_groups=u32([kg for kg, _ in parts]),
+            counts=u32([len(cs) for _, cs in parts]),
+            sizes=u32([len(c) for c in changes]),
+            payload=b"".join(changes),
+        )
+    )
 
 
 parts_strategy = st.lists(
@@ -36,15 +64,7 @@ parts_strategy = st.lists(
 def test_a_packed_call_checks_to_the_same_parts_and_charge_as_the_repeated_form(
     parts: list[tuple[int, list[bytes]]],
 ) -> None:
-    changes = [c for _, cs in parts for c in cs]
-    packed = PackedCall(
-        pb.PackedParts(
-            key_groups=u32([kg for kg, _ in parts]),
-            counts=u32([len(cs) for _, cs in parts]),
-            sizes=u32([len(c) for c in changes]),
-            payload=b"".join(changes),
-        )
-    )
+    packed = packed_call(parts)
     repeated = [
         pb.KeyGroupChanges(
             key_group=kg, count=len(cs), sizes=u32([len(c) for c in cs]), payload=b"".join(cs)
@@ -52,7 +72,18 @@ def test_a_packed_call_checks_to_the_same_parts_and_charge_as_the_repeated_form(
         for kg, cs in parts
     ]
     assert charge_of(packed) == charge_of(repeated)
-    assert writer().check_parts(packed, LIMIT) == writer().check_parts(repeated, LIMIT)
+    from_packed = writer().check_parts(packed, LIMIT)
+    from_repeated = writer().check_parts(repeated, LIMIT)
+    assert listed(from_packed) == listed(from_repeated)
+    assert (from_packed.nbytes, from_packed.count, from_packed.charge) == (
+        from_repeated.nbytes,
+        from_repeated.count,
+        from_repeated.charge,
+    )
+    # key groups strictly ascending (what clients send) stay packed; others are split
+    kgs = [kg for kg, _ in parts]
+    ascending = all(a < b for a, b in pairwise(kgs))
+    assert isinstance(from_packed.parts, PackedGroups) == ascending
 
 
 @settings(max_examples=300)
@@ -71,13 +102,69 @@ def test_arbitrary_packed_bytes_are_split_exactly_or_refused_typed(
     except DstlError:
         return  # a typed refusal (InvalidArgument, KeyGroupOutOfRange, ChangeTooLarge)
     # accepted: the parts are the packed bytes, split without loss, each well formed
-    kgs = [kg for kg, _ in checked.parts]
+    parts = listed(checked)
+    kgs = [kg for kg, _ in parts]
     assert u32(kgs) == key_groups
-    assert u32([p.count for _, p in checked.parts]) == counts
-    assert b"".join(p.sizes for _, p in checked.parts) == sizes
-    assert b"".join(p.payload for _, p in checked.parts) == payload
-    for kg, p in checked.parts:
+    assert u32([p.count for _, p in parts]) == counts
+    assert b"".join(p.sizes for _, p in parts) == sizes
+    assert b"".join(p.payload for _, p in parts) == payload
+    for kg, p in parts:
         assert 10 <= kg <= 19 and p.count >= 1
         got = struct.unpack(f"<{p.count}I", p.sizes)
         assert sum(got) == len(p.payload) and max(got) <= LIMIT
     assert (checked.nbytes, checked.count) == (len(sizes) + len(payload), len(sizes) // 4)
+
+
+ascending_parts = st.dictionaries(
+    st.integers(10, 19), st.lists(st.binary(max_size=LIMIT), min_size=1, max_size=5), min_size=1
+).map(lambda by_kg: sorted(by_kg.items()))
+
+
+@settings(max_examples=100)
+@given(ascending_parts, st.integers(0, 2**40))
+def test_a_packed_changeset_encodes_to_the_bytes_of_its_split_parts(
+    parts: list[tuple[int, list[bytes]]], sqn: int
+) -> None:
+    checked = writer().check_parts(packed_call(parts), LIMIT)
+    groups = checked.parts
+    assert isinstance(groups, PackedGroups)
+    split = {kg: [part] for kg, part in listed(checked)}
+    assert {kg: list(ps) for kg, ps in groups.items()} == split  # read as a mapping
+    log_id = bytes(range(16))
+    section = encode_log_section(log_id, [Changeset(sqn, groups)], sqn + 1)
+    assert section.chunks == encode_log_section(log_id, [Changeset(sqn, split)], sqn + 1).chunks
+    data = b"".join(section.chunks)
+    index = parse_log_header(data, len(data))
+    read = {
+        kg: [c for view in parse_kg_block(kg, data[off : off + n]) for c in view.changes()]
+        for kg, (off, n) in index.key_groups.items()
+    }
+    assert read == dict(parts)
+
+
+@given(ascending_parts, parts_strategy, st.booleans())
+def test_a_packed_call_then_another_make_the_changeset_the_repeated_forms_make(
+    first: list[tuple[int, list[bytes]]], second: list[tuple[int, list[bytes]]], packed: bool
+) -> None:
+    def repeated(parts: list[tuple[int, list[bytes]]]) -> list[pb.KeyGroupChanges]:
+        return [
+            pb.KeyGroupChanges(
+                key_group=kg, count=len(cs), sizes=u32([len(c) for c in cs]), payload=b"".join(cs)
+            )
+            for kg, cs in parts
+        ]
+
+    def changeset(
+        log: WriterLog, calls: list[CallParts]
+    ) -> tuple[dict[int, list[PackedChanges]], int]:
+        for call in calls:
+            checked = log.check_parts(call, LIMIT)
+            log.append_parts(checked.parts, checked.nbytes)
+        held = log.active_bytes
+        log.rollover()
+        (cs,) = log.not_uploaded.values()
+        return {kg: list(ps) for kg, ps in cs.groups.items()}, held
+
+    second_call: CallParts = packed_call(second) if packed else repeated(second)
+    got = changeset(writer(), [packed_call(first), second_call])
+    assert got == changeset(writer(), [repeated(first), repeated(second)])
