@@ -134,19 +134,21 @@ class WriterLog:
 
         One call per request: the sizes are counted once, by the caller, so
         the changeset's size is known without a pass over its parts. A packed
-        call's parts become the changeset as they are when it is the first
-        call of the changeset (a checkpoint's usual one); else they are split.
+        call's parts become the changeset, encoded under its SQN
+        (:meth:`~dstl_client.core.format.PackedGroups.seal`), when it is the
+        changeset's first call (a checkpoint's usual one); else they are split.
         """
         active = self.active
         if isinstance(parts, PackedGroups):
-            if not active:
+            if not active:  # encoded now, in the append's turn, not in the persist's
+                parts.seal(self.active_sqn)
                 self.active = parts
                 self.active_parts = len(parts)
                 self.active_bytes = nbytes + PART_OVERHEAD_BYTES * len(parts)
                 return
-            parts = [(kg, part) for kg, (part,) in parts.items()]
+            parts = parts.split()
         if isinstance(active, PackedGroups):  # a second call: the changeset becomes a dict
-            active = self.active = {kg: list(group) for kg, group in active.items()}
+            active = self.active = {kg: [part] for kg, part in active.split()}
         for kg, packed in parts:
             group = active.get(kg)
             if group is None:

@@ -23,6 +23,7 @@ from typing import Protocol
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import ChangeTooLarge, InvalidArgument, KeyGroupOutOfRange
 from dstl_client.core.format import (
+    CHAIN_CRC_PIECE_BYTES,
     MAX_PARTS_PER_REQUEST,
     Changeset,
     PackedChanges,
@@ -201,8 +202,8 @@ def _check_packed(
     call: PackedCall, key_group_range: tuple[int, int], log_id: str, limit: int
 ) -> CheckedParts:
     """:func:`check_call` of a packed call: totals and bounds over all parts at once.
-    Key groups strictly ascending (what clients send) stay packed, as
-    :class:`PackedGroups`: no object per part."""
+    Small parts of key groups strictly ascending (what clients send) stay packed,
+    as :class:`PackedGroups`: no object per part."""
     kgs, counts, sizes = call.arrays()
     first_kg, last_kg = key_group_range
     ascending = all(map(lt, kgs, islice(kgs, 1, None)))
@@ -211,7 +212,9 @@ def _check_packed(
     if low < first_kg or high > last_kg or min(counts) < 1 or largest > limit:
         split = split_parts(counts, sizes, call.sizes, call.payload)
         _check_each(kgs, split, key_group_range, log_id, limit)
-    if ascending:
+    if ascending and call.nbytes < CHAIN_CRC_PIECE_BYTES * 3 * len(kgs):
+        # small parts (a checkpoint's), each key group once: kept packed, to be
+        # encoded once when they become a changeset; large ones keep their own bytes
         groups = PackedGroups(kgs, counts, sizes, call.sizes, call.payload)
         return CheckedParts(groups, call.nbytes, len(sizes))
     split = split_parts(counts, sizes, call.sizes, call.payload)

@@ -12,7 +12,11 @@ thread. Two modes:
   the run, like a checkpoint coordinator's periodic trigger: append
   ``round_bytes``, send them, wait at a barrier shared by all processes, sleep
   until the round's start time (``origin + r * round_interval_s``, the same
-  clock instant for every writer), then time ``persist_durably`` alone.
+  clock instant for every writer), then time ``persist_durably`` alone. The
+  next round's appends wait at the barrier until every writer's persist
+  returned, as a Spark micro-batch starts after the previous one committed:
+  no writer's next batch competes with another's persist (for the CPU, or
+  for the GIL of the writers sharing a process).
 
 Start: every writer waits at the ``ready`` barrier (the parent takes part),
 then until the parent has published the common start time in ``origin``.
@@ -162,6 +166,8 @@ def _rounds(
     res.started = time.monotonic()
     materialized = 0
     for r in range(plan.rounds):
+        if r:  # the round's appends start once every writer's last persist returned
+            round_barrier.wait(WAIT_TIMEOUT_S)
         w.append_many(batch)
         if not plan.appends_with_persist:
             w.flush()  # appends travel before the barrier: the timer sees the persist only

@@ -34,6 +34,7 @@ The module is pure functions over bytes; it may be called from any thread.
 from __future__ import annotations
 
 import struct
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -159,18 +160,22 @@ def split_parts(
 
 
 class PackedGroups(Mapping[int, Sequence[PackedChanges]]):
-    """A changeset's changes as one packed call carried them: one part per key group, the
-    key groups strictly ascending, kept as the call's arrays.
+    r"""A changeset of one packed call: one part per key group, the key groups strictly
+    ascending, encoded once, under the changeset's SQN, into its section's entries.
 
-    The encoder writes a changeset of these straight from the arrays
-    (:meth:`entries`: no object per part); read as a mapping (key group to its
-    one part), it is split once, on first use. Invariants, checked by whoever
-    builds one: ``key_groups`` strictly ascending, every count at least 1,
-    ``sum(counts)`` sizes in ``sizes_bytes`` that add up to ``len(payload)``.
-    Immutable; any thread.
+    Built from the call's arrays, then :meth:`seal`\ ed by the writer log when
+    it becomes a changeset (in the append's turn, so a persist's section is
+    only a header and a join away: the encoding of a checkpoint's changes is
+    off the persist's path). Sealing makes each key group's changeset entry
+    (head, sizes, payload) and its CRC, then drops the arrays: the bytes are
+    held once. Read as a mapping (key group to its one part), a sealed one
+    slices the part out of the entry. Invariants, checked by whoever builds
+    one: key groups strictly ascending, every count at least 1, ``sum(counts)``
+    sizes in ``sizes_bytes`` adding up to ``len(payload)``. Mutated by
+    :meth:`seal` only, once, in the writer's turn (event loop); read by any thread after.
     """
 
-    __slots__ = ("_split", "counts", "key_groups", "payload", "sizes", "sizes_bytes")
+    __slots__ = ("_arrays", "_crcs", "_entries", "counts", "key_groups", "nbytes", "sqn")
 
     def __init__(
         self,
@@ -182,50 +187,65 @@ class PackedGroups(Mapping[int, Sequence[PackedChanges]]):
     ) -> None:
         self.key_groups = key_groups
         self.counts = counts
-        self.sizes = sizes
-        self.sizes_bytes = sizes_bytes
-        self.payload = payload
-        self._split: dict[int, Sequence[PackedChanges]] | None = None
+        self.nbytes = len(sizes_bytes) + len(payload)
+        self._arrays: tuple[Sequence[int], bytes, bytes] | None = (sizes, sizes_bytes, payload)
+        #: the SQN the entries were encoded under (-1: not sealed)
+        self.sqn = -1
+        self._entries: list[bytes] = []
+        self._crcs: list[bytes] = []
 
-    @property
-    def nbytes(self) -> int:
-        return len(self.sizes_bytes) + len(self.payload)
+    def split(self) -> list[tuple[int, PackedChanges]]:
+        """The parts, (key group, changes) in key-group order."""
+        if self._arrays is None:
+            return [(kg, self._part(i)) for i, kg in enumerate(self.key_groups)]
+        parts = split_parts(self.counts, *self._arrays)
+        return list(zip(self.key_groups, parts, strict=True))
 
-    def _parts(self) -> dict[int, Sequence[PackedChanges]]:
-        if self._split is None:
-            parts = split_parts(self.counts, self.sizes, self.sizes_bytes, self.payload)
-            self._split = dict(zip(self.key_groups, map(_one, parts), strict=True))
-        return self._split
+    def seal(self, sqn: int) -> None:
+        """Encode every key group's entry under ``sqn`` (the changeset's) and its CRC."""
+        if self._arrays is None:
+            raise ValueError(f"packed changes already sealed under SQN {self.sqn}")
+        sizes, sizes_bytes, payload = self._arrays
+        counts = self.counts
+        ends = list(accumulate(counts))
+        starts = [0, *ends[:-1]]
+        at = [0, *accumulate(sizes)]
+        first = list(map(at.__getitem__, starts))
+        last = list(map(at.__getitem__, ends))
+        head = _CHANGESET.pack
+        self._entries = entries = [
+            head(sqn, count, end - begin) + sizes_bytes[4 * s : 4 * e] + payload[begin:end]
+            for count, s, e, begin, end in zip(counts, starts, ends, first, last, strict=True)
+        ]
+        self._crcs = list(map(_U32.pack, map(_crc32c.crc32c, entries)))
+        self.sqn = sqn
+        self._arrays = None
+
+    def entries(self, sqn: int) -> tuple[list[bytes], list[bytes]]:
+        """Each key group's entry under ``sqn`` and its packed CRC, in key-group order."""
+        if self._arrays is not None or sqn != self.sqn:
+            raise ValueError(f"packed changes sealed under SQN {self.sqn}, not {sqn}")
+        return self._entries, self._crcs
+
+    def _part(self, i: int) -> PackedChanges:
+        count = self.counts[i]
+        entry = self._entries[i]
+        cut = _CHANGESET.size + 4 * count
+        return PackedChanges(count, entry[_CHANGESET.size : cut], entry[cut:])
 
     def __getitem__(self, key_group: int) -> Sequence[PackedChanges]:
-        return self._parts()[key_group]
+        if self._arrays is not None:
+            return (dict(self.split())[key_group],)
+        i = bisect_left(self.key_groups, key_group)
+        if i == len(self.key_groups) or self.key_groups[i] != key_group:
+            raise KeyError(key_group)
+        return (self._part(i),)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.key_groups)
 
     def __len__(self) -> int:
         return len(self.key_groups)
-
-    def entries(self, sqn: int) -> list[bytes]:
-        """Each key group's changeset entry (head, sizes, payload) under ``sqn``, in
-        key-group order: what :func:`_changeset_blocks` makes of the split parts."""
-        counts = self.counts
-        ends = list(accumulate(counts))
-        starts = [0, *ends[:-1]]
-        at = [0, *accumulate(self.sizes)]
-        first = list(map(at.__getitem__, starts))
-        last = list(map(at.__getitem__, ends))
-        head = _CHANGESET.pack
-        sizes = self.sizes_bytes
-        payload = self.payload
-        return [
-            head(sqn, count, end - begin) + sizes[4 * s : 4 * e] + payload[begin:end]
-            for count, s, e, begin, end in zip(counts, starts, ends, first, last, strict=True)
-        ]
-
-
-def _one(part: PackedChanges) -> Sequence[PackedChanges]:
-    return (part,)
 
 
 @dataclass(slots=True)
@@ -325,9 +345,10 @@ def _encode_joined(log_id: bytes, changesets: Sequence[Changeset], end_sqn: int)
     calls and hardly any bytecode.
     """
     groups = changesets[0].groups
-    if len(changesets) == 1 and isinstance(groups, PackedGroups):  # one packed call's
+    crcs: Iterable[bytes] | None = None
+    if len(changesets) == 1 and isinstance(groups, PackedGroups):  # entries encoded already
         kgs = groups.key_groups
-        blocks = groups.entries(changesets[0].sqn)
+        blocks, crcs = groups.entries(changesets[0].sqn)
     elif len(changesets) == 1:  # a persist's section
         kgs = sorted(groups)
         blocks = _changeset_blocks(changesets[0], kgs)
@@ -347,7 +368,7 @@ def _encode_joined(log_id: bytes, changesets: Sequence[Changeset], end_sqn: int)
     )
     pieces = [header, _U32.pack(crc32c(header))] * (n + 1)
     pieces[2::2] = blocks
-    pieces[3::2] = map(_U32.pack, map(_crc32c.crc32c, blocks))
+    pieces[3::2] = map(_U32.pack, map(_crc32c.crc32c, blocks)) if crcs is None else crcs
     # one chunk: an object of many sections builds faster than from thousands of pieces
     return EncodedSection(log_id, first_sqn, end_sqn, [b"".join(pieces)], offsets[-1])
 

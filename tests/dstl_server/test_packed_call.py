@@ -5,12 +5,14 @@ from __future__ import annotations
 import struct
 from itertools import pairwise
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import DstlError
 from dstl_client.core.format import (
+    CHAIN_CRC_PIECE_BYTES,
     Changeset,
     PackedChanges,
     PackedGroups,
@@ -36,7 +38,7 @@ def u32(values: list[int]) -> bytes:
 def listed(checked: CheckedParts) -> list[tuple[int, PackedChanges]]:
     """The checked parts in call order, whichever form holds them."""
     if isinstance(checked.parts, PackedGroups):
-        return [(kg, part) for kg, (part,) in checked.parts.items()]
+        return checked.parts.split()
     return checked.parts
 
 
@@ -130,6 +132,9 @@ def test_a_packed_changeset_encodes_to_the_bytes_of_its_split_parts(
     assert isinstance(groups, PackedGroups)
     split = {kg: [part] for kg, part in listed(checked)}
     assert {kg: list(ps) for kg, ps in groups.items()} == split  # read as a mapping
+    groups.seal(sqn)  # as the writer log does when they become its changeset
+    assert {kg: list(ps) for kg, ps in groups.items()} == split  # the same parts, sealed
+    assert groups.split() == listed(checked)
     log_id = bytes(range(16))
     section = encode_log_section(log_id, [Changeset(sqn, groups)], sqn + 1)
     assert section.chunks == encode_log_section(log_id, [Changeset(sqn, split)], sqn + 1).chunks
@@ -168,3 +173,27 @@ def test_a_packed_call_then_another_make_the_changeset_the_repeated_forms_make(
     second_call: CallParts = packed_call(second) if packed else repeated(second)
     got = changeset(writer(), [packed_call(first), second_call])
     assert got == changeset(writer(), [repeated(first), repeated(second)])
+
+
+def test_packed_changes_are_sealed_once_under_their_sqn() -> None:
+    checked = writer().check_parts(packed_call([(10, [b"a", b"bc"]), (12, [b"d"])]), LIMIT)
+    groups = checked.parts
+    assert isinstance(groups, PackedGroups)
+    with pytest.raises(ValueError, match="sealed under SQN -1"):
+        groups.entries(7)  # not sealed: no entries yet
+    groups.seal(7)
+    with pytest.raises(ValueError, match="already sealed under SQN 7"):
+        groups.seal(8)
+    with pytest.raises(ValueError, match="sealed under SQN 7, not 8"):
+        groups.entries(8)
+    with pytest.raises(KeyError):
+        groups[11]
+    assert [p.payload for p in groups[10]] == [b"abc"]
+
+
+def test_a_packed_call_of_large_parts_is_split_to_keep_their_own_bytes() -> None:
+    big = [b"x" * (6 * CHAIN_CRC_PIECE_BYTES)]  # parts of 3 pieces averaging over 4 KiB
+    log = WriterLog("job", "op", (10, 19))
+    checked = log.check_parts(packed_call([(10, big), (11, [b"y"])]), 1 << 20)
+    assert isinstance(checked.parts, list)
+    assert [(kg, p.payload) for kg, p in checked.parts] == [(10, big[0]), (11, b"y")]
