@@ -175,7 +175,7 @@ class PackedGroups(Mapping[int, Sequence[PackedChanges]]):
     :meth:`seal` only, once, in the writer's turn (event loop); read by any thread after.
     """
 
-    __slots__ = ("_arrays", "_crcs", "_entries", "counts", "key_groups", "nbytes", "sqn")
+    __slots__ = ("_arrays", "_crcs", "_entries", "counts", "key_groups", "sqn")
 
     def __init__(
         self,
@@ -187,7 +187,6 @@ class PackedGroups(Mapping[int, Sequence[PackedChanges]]):
     ) -> None:
         self.key_groups = key_groups
         self.counts = counts
-        self.nbytes = len(sizes_bytes) + len(payload)
         self._arrays: tuple[Sequence[int], bytes, bytes] | None = (sizes, sizes_bytes, payload)
         #: the SQN the entries were encoded under (-1: not sealed)
         self.sqn = -1
