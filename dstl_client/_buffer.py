@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import sys
 from array import array
-from itertools import chain
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from itertools import accumulate, chain
+from operator import add, itemgetter
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from dstl_client.core._pb import dstl_pb2 as pb
 from dstl_client.core.errors import ChangeTooLarge, KeyGroupOutOfRange
+from dstl_client.core.format import MAX_PARTS_PER_REQUEST
 
 _LITTLE = sys.byteorder == "little"
 if array("I").itemsize != 4:  # pragma: no cover - every platform we run on
@@ -19,6 +23,13 @@ if array("I").itemsize != 4:  # pragma: no cover - every platform we run on
 #: upper bound of the protobuf framing of one ``KeyGroupChanges`` in a request,
 #: beyond its sizes and payload bytes: five tags and five length/varint fields
 PART_FRAMING_BYTES = 32
+
+#: a run of changes as :meth:`ChangeBuffer.columns` gives them: key groups, changes, sizes
+Columns = tuple[list[int], list[bytes], list[int]]
+
+_first_of = itemgetter(0)
+_second_of = itemgetter(1)
+_FOUR_MORE = (4).__add__
 
 
 class ChangeBuffer:
@@ -104,6 +115,66 @@ class ChangeBuffer:
         self.nbytes += len(payload) + 4 * len(sizes)
         self.count += len(sizes)
 
+    def columns(self, items: Sequence[object]) -> Columns | None:
+        """``items`` as key groups, changes and sizes when every one is a ``(key group,
+        bytes)`` pair that :meth:`check` passes (C loops over all of them); else None
+        (the caller goes change by change, for the first bad one's error)."""
+        if set(map(type, items)) != {tuple} or set(map(len, items)) != {2}:  # type: ignore[arg-type]
+            return None
+        pairs: Sequence[tuple[int, bytes]] = items  # type: ignore[assignment]
+        kgs = list(map(_first_of, pairs))
+        datas = list(map(_second_of, pairs))
+        if set(map(type, kgs)) != {int} or set(map(type, datas)) != {bytes}:
+            return None
+        lens = list(map(len, datas))
+        if min(kgs) < self._first or max(kgs) > self._last or max(lens) > self._max_change:
+            return None
+        return kgs, datas, lens
+
+    def add_run(self, columns: Columns, start: int, limit: int, room: int) -> int:
+        """Append the changes of ``columns`` from ``start`` on that one by one would be added
+        without a send before or after them (``ChangelogWriter.append``'s rules, with
+        ``limit`` its batch size and ``room`` the request's); return how many (0: the next
+        one needs a send first). The caller sends after the run when the batch is full.
+
+        A change j of the run is added without a send before it when ``nbytes +
+        framing + size`` stays within ``room``, bounded above by the run's bytes up to
+        and including j plus 32 bytes of framing per change before it: monotone in j,
+        so the run's end is a bisection (as is the batch limit's, which only the last
+        change of the run may reach).
+        """
+        kgs, datas, lens = columns
+        end = len(lens)
+        ahead = list(accumulate(map(_FOUR_MORE, lens[start:end])))  # bytes after each
+        fits = list(map(add, ahead, range(0, PART_FRAMING_BYTES * len(ahead), PART_FRAMING_BYTES)))
+        take = min(
+            bisect_right(fits, room - self.nbytes - self.framing),
+            bisect_left(ahead, limit - self.nbytes) + 1,
+            MAX_PARTS_PER_REQUEST - 1 - len(self._sizes),
+            end - start,
+        )
+        if take <= 0:
+            return 0
+        sizes_of = self._sizes
+        payload_of = self._payload
+        new = 0
+        stop = start + take
+        for kg, data, size in zip(
+            kgs[start:stop], datas[start:stop], lens[start:stop], strict=True
+        ):
+            sizes = sizes_of.get(kg)
+            if sizes is None:
+                sizes_of[kg] = array("I", (size,))
+                payload_of[kg] = [data]
+                new += 1
+            else:
+                sizes.append(size)
+                payload_of[kg].append(data)
+        self.framing += PART_FRAMING_BYTES * new
+        self.nbytes += ahead[take - 1]
+        self.count += take
+        return take
+
     def drain_to(self, call: pb.AppendRequest | pb.PersistRequest) -> None:
         """Move everything buffered into ``call``: packed, or as parts (see the class)."""
         if not self._sizes:
@@ -160,3 +231,20 @@ class ChangeBuffer:
         self.nbytes = 0
         self.framing = 0
         self.count = 0
+
+
+def fit_sizes(sizes: array[int], start: int, free: int) -> tuple[int, int]:
+    """``(end, payload bytes)``: the most changes from ``start`` on whose size and
+    4-byte length fit in ``free`` bytes (``end == start`` when none does)."""
+    rest = sizes[start:] if start else sizes
+    total = sum(rest) + 4 * len(rest)
+    if total <= free:
+        return len(sizes), total - 4 * len(rest)
+    used = 0
+    end = start
+    for size in rest:
+        if used + size + 4 > free:
+            break
+        used += size + 4
+        end += 1
+    return end, used - 4 * (end - start)

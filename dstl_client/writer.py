@@ -10,9 +10,10 @@ import concurrent.futures
 import threading
 from array import array
 from collections.abc import Callable, Iterable
+from itertools import islice
 from typing import TypeVar
 
-from dstl_client._buffer import PART_FRAMING_BYTES, ChangeBuffer
+from dstl_client._buffer import PART_FRAMING_BYTES, ChangeBuffer, fit_sizes
 from dstl_client.core.errors import (
     CallLost,
     ChangeTooLarge,
@@ -160,31 +161,41 @@ class ChangelogWriter:
         """Buffer one change of ``key_group``; sent when the batch is full."""
         with self._lock:
             self._check_open()
-            buf = self._buffer
-            buf.check(key_group, len(data))
-            if buf.count and buf.nbytes + buf.framing + len(data) > self._room:
-                self._send_locked()  # the request would outgrow max_message_bytes
-            buf.add(key_group, data)
-            if buf.nbytes >= self.batch_bytes or buf.parts >= MAX_PARTS_PER_REQUEST:
-                self._send_locked()
+            self._append_locked(key_group, data)
+
+    def _append_locked(self, key_group: int, data: bytes) -> None:
+        buf = self._buffer
+        buf.check(key_group, len(data))
+        if buf.count and buf.nbytes + buf.framing + len(data) > self._room:
+            self._send_locked()  # the request would outgrow max_message_bytes
+        buf.add(key_group, data)
+        if buf.nbytes >= self.batch_bytes or buf.parts >= MAX_PARTS_PER_REQUEST:
+            self._send_locked()
 
     def append_many(self, changes: Iterable[tuple[int, bytes]]) -> None:
-        """Buffer many ``(key_group, data)`` changes under one lock acquisition.
-
-        Changes are checked one by one: on bad input, those before it stay buffered.
-        """
+        """Buffer many ``(key_group, data)`` changes under one lock acquisition: the same
+        as ``append`` of each (on bad input, those before it stay buffered), sent at the
+        same points. A chunk (:data:`_CHUNK`) of good ``(int, bytes)`` pairs is checked
+        with C loops and added in runs between sends, any other change by change."""
         buf = self._buffer
         limit = self.batch_bytes
         room = self._room
+        it = iter(changes)
         with self._lock:
             self._check_open()
-            for kg, data in changes:
-                buf.check(kg, len(data))
-                if buf.nbytes + buf.framing + len(data) > room and buf.count:
-                    self._send_locked()  # the request would outgrow max_message_bytes
-                buf.add(kg, data)
-                if buf.nbytes >= limit or buf.parts >= MAX_PARTS_PER_REQUEST:
-                    self._send_locked()
+            while chunk := list(islice(it, _CHUNK)):
+                columns = buf.columns(chunk)
+                start = 0
+                while start < len(chunk):
+                    taken = buf.add_run(columns, start, limit, room) if columns else 0
+                    if taken:
+                        start += taken
+                        if buf.nbytes >= limit or buf.parts >= MAX_PARTS_PER_REQUEST:
+                            self._send_locked()
+                        continue
+                    kg, data = chunk[start]
+                    self._append_locked(kg, data)
+                    start += 1
 
     def append_packed(self, key_group: int, sizes: array[int], payload: bytes) -> None:
         """Buffer a run of changes of one key group, packed: the same as ``append`` of each.
@@ -218,7 +229,7 @@ class ChangelogWriter:
             offset = 0
             while start < count:
                 # as in append: a change fits while nbytes + framing + its size <= room
-                end, nbytes = _fit(sizes, start, room + 4 - buf.nbytes - buf.framing)
+                end, nbytes = fit_sizes(sizes, start, room + 4 - buf.nbytes - buf.framing)
                 if end == start:  # not even one more change fits: send, then it does
                     if not buf.count:  # pragma: no cover - max_change_bytes <= room
                         raise ChangeTooLarge(f"a change does not fit in a request of {room}")
@@ -361,21 +372,8 @@ class ChangelogWriter:
         self.close()
 
 
-def _fit(sizes: array[int], start: int, free: int) -> tuple[int, int]:
-    """``(end, payload bytes)``: the most changes from ``start`` on whose size and
-    4-byte length fit in ``free`` bytes (``end == start`` when none does)."""
-    rest = sizes[start:] if start else sizes
-    total = sum(rest) + 4 * len(rest)
-    if total <= free:
-        return len(sizes), total - 4 * len(rest)
-    used = 0
-    end = start
-    for size in rest:
-        if used + size + 4 > free:
-            break
-        used += size + 4
-        end += 1
-    return end, used - 4 * (end - start)
+#: changes :meth:`ChangelogWriter.append_many` reads from its iterable at a time
+_CHUNK = 1024
 
 
 def _outcome_unknown(exc: BaseException) -> bool:
