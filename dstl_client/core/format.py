@@ -168,7 +168,7 @@ class PackedGroups(Mapping[int, Sequence[PackedChanges]]):
     only a header and a join away: the encoding of a checkpoint's changes is
     off the persist's path). Sealing makes each key group's changeset entry
     (head, sizes, payload) and its CRC, then drops the arrays: the bytes are
-    held once. Read as a mapping (key group to its one part), a sealed one
+    held once. Read as a mapping (key group to its one part, once sealed), it
     slices the part out of the entry. Invariants, checked by whoever builds
     one: key groups strictly ascending, every count at least 1, ``sum(counts)``
     sizes in ``sizes_bytes`` adding up to ``len(payload)``. Mutated by
@@ -233,8 +233,8 @@ class PackedGroups(Mapping[int, Sequence[PackedChanges]]):
         return PackedChanges(count, entry[_CHANGESET.size : cut], entry[cut:])
 
     def __getitem__(self, key_group: int) -> Sequence[PackedChanges]:
-        if self._arrays is not None:
-            return (dict(self.split())[key_group],)
+        if self._arrays is not None:  # only a changeset is read as a mapping: sealed
+            raise ValueError("packed changes are read as a mapping once sealed")
         i = bisect_left(self.key_groups, key_group)
         if i == len(self.key_groups) or self.key_groups[i] != key_group:
             raise KeyError(key_group)

@@ -131,10 +131,9 @@ def test_a_packed_changeset_encodes_to_the_bytes_of_its_split_parts(
     groups = checked.parts
     assert isinstance(groups, PackedGroups)
     split = {kg: [part] for kg, part in listed(checked)}
-    assert {kg: list(ps) for kg, ps in groups.items()} == split  # read as a mapping
     groups.seal(sqn)  # as the writer log does when they become its changeset
-    assert {kg: list(ps) for kg, ps in groups.items()} == split  # the same parts, sealed
-    assert groups.split() == listed(checked)
+    assert {kg: list(ps) for kg, ps in groups.items()} == split  # read as a mapping
+    assert groups.split() == [(kg, part) for kg, [part] in split.items()]
     log_id = bytes(range(16))
     section = encode_log_section(log_id, [Changeset(sqn, groups)], sqn + 1)
     assert section.chunks == encode_log_section(log_id, [Changeset(sqn, split)], sqn + 1).chunks
@@ -181,6 +180,8 @@ def test_packed_changes_are_sealed_once_under_their_sqn() -> None:
     assert isinstance(groups, PackedGroups)
     with pytest.raises(ValueError, match="sealed under SQN -1"):
         groups.entries(7)  # not sealed: no entries yet
+    with pytest.raises(ValueError, match="once sealed"):
+        groups[10]  # a mapping once it is a changeset
     groups.seal(7)
     with pytest.raises(ValueError, match="already sealed under SQN 7"):
         groups.seal(8)
