@@ -5,16 +5,16 @@ A call sends its key-group parts either as repeated ``KeyGroupChanges``
 byte strings for all its parts (key groups, counts, sizes, payload). The
 sidecar's work per part was about 6 us of Python on the repeated form (the
 wire scan, the checks, the copies of each field, the budget's count); the
-packed form is read as four objects and split with ``array``, ``accumulate``
-and ``map`` over all parts at once, so the sidecar's per-part cost is a
+packed form is read as four objects and its totals checked with ``array``
+and C loops over all parts at once, so the sidecar's per-part cost is a
 few C-level steps.
 
 :class:`PackedCall` is what the server's writer path passes where it passed
 a request's ``changes`` (see :data:`~dstl_server.parts.CallParts`): it has a
 length (its parts), its bytes (:func:`~dstl_server.parts.charge_of` charges
-them), and :meth:`PackedCall.unpack` into the
-``(key group, PackedChanges)`` parts the writer's log stores. Pure; any
-thread.
+them), and :meth:`PackedCall.arrays`: its key groups, counts and sizes,
+from which :func:`~dstl_server.parts.check_call` keeps it packed or splits
+it into ``(key group, PackedChanges)`` parts. Pure; any thread.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from array import array
 from typing import Protocol
 
 from dstl_client.core.errors import InvalidArgument
-from dstl_client.core.format import PackedChanges, split_parts
 
 _BIG_ENDIAN = sys.byteorder == "big"
 
@@ -60,7 +59,7 @@ class PackedCall:
     each), and the constructor has checked the shape that does not need a
     pass over the parts: key groups and counts hold one u32 per part, sizes
     whole u32s, and a call without parts holds no changes either. What needs
-    a pass (totals, each part's split) is :meth:`unpack`'s. Immutable after
+    a pass (the totals) is :meth:`arrays`'. Immutable after
     construction; any thread.
     """
 
@@ -112,11 +111,3 @@ class PackedCall:
                 f"{len(self.payload)}"
             )
         return _u32s(self.key_groups).tolist(), counts, sizes
-
-    def unpack(self) -> tuple[list[int], list[PackedChanges], int, int]:
-        """The parts as key groups and :class:`PackedChanges`, in call order, and the
-        call's fewest changes in a part and largest change (for the caller's checks);
-        the totals checked as by :meth:`arrays`."""
-        kgs, counts, sizes = self.arrays()
-        largest = max(sizes) if sizes else 0
-        return kgs, split_parts(counts, sizes, self.sizes, self.payload), min(counts), largest

@@ -149,14 +149,20 @@ def split_parts(
     """
     if len(counts) == 1:
         return [PackedChanges(counts[0], sizes_bytes, payload)]
-    ends = list(accumulate(counts))  # change index after each part
+    starts, ends, first, last = _part_bounds(counts, sizes)
+    sizes_of = map(sizes_bytes.__getitem__, map(slice, map(_FOUR, starts), map(_FOUR, ends)))
+    payload_of = map(payload.__getitem__, map(slice, first, last))
+    return list(map(PackedChanges, counts, sizes_of, payload_of))
+
+
+def _part_bounds(
+    counts: Sequence[int], sizes: Sequence[int]
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Each part's first and end change index, and its payload's first and end offset."""
+    ends = list(accumulate(counts))
     starts = [0, *ends[:-1]]
     at = [0, *accumulate(sizes)]  # payload offset before each change
-    sizes_of = map(sizes_bytes.__getitem__, map(slice, map(_FOUR, starts), map(_FOUR, ends)))
-    payload_of = map(
-        payload.__getitem__, map(slice, map(at.__getitem__, starts), map(at.__getitem__, ends))
-    )
-    return list(map(PackedChanges, counts, sizes_of, payload_of))
+    return starts, ends, list(map(at.__getitem__, starts)), list(map(at.__getitem__, ends))
 
 
 class PackedGroups(Mapping[int, Sequence[PackedChanges]]):
@@ -206,11 +212,7 @@ class PackedGroups(Mapping[int, Sequence[PackedChanges]]):
             raise ValueError(f"packed changes already sealed under SQN {self.sqn}")
         sizes, sizes_bytes, payload = self._arrays
         counts = self.counts
-        ends = list(accumulate(counts))
-        starts = [0, *ends[:-1]]
-        at = [0, *accumulate(sizes)]
-        first = list(map(at.__getitem__, starts))
-        last = list(map(at.__getitem__, ends))
+        starts, ends, first, last = _part_bounds(counts, sizes)
         head = _CHANGESET.pack
         self._entries = entries = [
             head(sqn, count, end - begin) + sizes_bytes[4 * s : 4 * e] + payload[begin:end]
